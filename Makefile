@@ -1,0 +1,40 @@
+# Two commands for a newcomer: `make run` and `make test`. Both create .venv when missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DATA_DIR ?= ./logbus-data
+HOST ?= 127.0.0.1
+PORT ?= 8080
+
+.PHONY: run test test-slow lint typecheck bench bench-storage clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/logbus serve --data-dir $(DATA_DIR) --host $(HOST) --port $(PORT)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) lint typecheck
+	$(BIN)/pytest -m "not slow" -q
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -m slow -q
+
+bench-storage: $(STAMP)
+	$(BIN)/python -m benchmarks.storage
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

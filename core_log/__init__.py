@@ -1,0 +1,1 @@
+"""Logbus storage engine: Kafka-format record batches in segmented, crash-safe partition logs."""

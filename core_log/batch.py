@@ -1,0 +1,482 @@
+"""Kafka's record batch v2 (magic 2), byte for byte. Pure codec: bytes in, values out.
+
+Batch header, 61 bytes, big-endian::
+
+    offset  size  field
+         0     8  baseOffset             rewritten by the leader on append
+         8     4  batchLength            bytes after this field (= total size - 12)
+        12     4  partitionLeaderEpoch   rewritten by the leader on append (not under CRC)
+        16     1  magic                  always 2
+        17     4  crc                    CRC-32C of bytes [21, end)
+        21     2  attributes             see the masks below
+        23     4  lastOffsetDelta
+        27     8  baseTimestamp
+        35     8  maxTimestamp
+        43     8  producerId             -1 when not idempotent
+        51     2  producerEpoch
+        53     4  baseSequence
+        57     4  recordCount
+        61        records...
+
+Record (all integers zig-zag varints)::
+
+    length, attributes(int8), timestampDelta, offsetDelta,
+    keyLength (-1 = null), key, valueLength (-1 = null: a tombstone), value,
+    headerCount, [headerKeyLength, headerKey (utf-8), headerValueLength (-1 = null), value]...
+
+Because the CRC starts at ``attributes``, the leader assigns offsets by patching the first 16
+bytes (baseOffset, batchLength, partitionLeaderEpoch) and appending the rest untouched.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import crc32c as _crc32c
+
+from .compression import Compression, compress, decompress
+from .errors import CorruptRecordError, InvalidRecordError
+from .limits import (
+    MAX_BATCH_BYTES,
+    MAX_HEADER_KEY_BYTES,
+    MAX_HEADERS_PER_RECORD,
+    MAX_RECORDS_PER_BATCH,
+)
+
+HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_BYTES = HEADER.size  # 61
+assert HEADER_BYTES == 61
+
+# Sub-structures for reading single fields without unpacking the whole header.
+BASE_AND_LENGTH = struct.Struct(">qi")  # at 0
+PREFIX = struct.Struct(">qii")  # baseOffset, batchLength, partitionLeaderEpoch: the patchable part
+PREFIX_BYTES = PREFIX.size  # 16
+LAST_OFFSET_DELTA = struct.Struct(">i")  # at 23
+MAX_TIMESTAMP = struct.Struct(">q")  # at 35
+LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes batchLength does not count
+CRC_START = 21
+MAGIC_OFFSET = 16
+ATTRIBUTES_OFFSET = 21
+LAST_OFFSET_DELTA_OFFSET = 23
+MAX_TIMESTAMP_OFFSET = 35
+PRODUCER_OFFSET = 43
+RECORDS_OFFSET = 61
+MAGIC = 2
+
+# Attribute bits.
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_MASK = 0x08  # 0 = CreateTime, 1 = LogAppendTime
+TRANSACTIONAL_MASK = 0x10
+CONTROL_MASK = 0x20
+DELETE_HORIZON_MASK = 0x40
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size_bytes(self) -> int:
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> Compression:
+        return Compression(self.attributes & COMPRESSION_MASK)
+
+    @property
+    def log_append_time(self) -> bool:
+        return bool(self.attributes & TIMESTAMP_TYPE_MASK)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_MASK)
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        return (self.base_sequence + self.last_offset_delta) % (2**31)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record. ``offset`` and ``timestamp`` are absolute once read from a batch."""
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    timestamp: int = -1
+    offset: int = -1
+
+
+# ---------------------------------------------------------------------------------------------
+# zig-zag varints
+# ---------------------------------------------------------------------------------------------
+
+_ONE_BYTE = [bytes((i,)) for i in range(128)]
+
+
+def encode_varint(n: int) -> bytes:
+    """Zig-zag encode a signed 64-bit integer."""
+    z = (n << 1) ^ (n >> 63)
+    if z < 0x80:
+        return _ONE_BYTE[z]
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def decode_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """Decode a zig-zag varint at ``pos``; return (value, next position)."""
+    try:
+        b = buf[pos]
+        if b < 0x80:
+            return (b >> 1) ^ -(b & 1), pos + 1
+        z = b & 0x7F
+        shift = 7
+        pos += 1
+        while True:
+            b = buf[pos]
+            pos += 1
+            z |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+            if shift > 63:
+                raise CorruptRecordError("varint longer than 10 bytes")
+    except IndexError:
+        raise CorruptRecordError("truncated varint") from None
+    return (z >> 1) ^ -(z & 1), pos
+
+
+# ---------------------------------------------------------------------------------------------
+# building
+# ---------------------------------------------------------------------------------------------
+
+
+def encode_records(records: Sequence[Record], base_timestamp: int) -> bytes:
+    """Encode ``records`` (offset deltas 0..n-1) into the records section of a batch."""
+    out: list[bytes] = []
+    append = out.append
+    v = encode_varint
+    for delta, r in enumerate(records):
+        body = [b"\x00", v(r.timestamp - base_timestamp), v(delta)]
+        if r.key is None:
+            body.append(b"\x01")
+        else:
+            body.append(v(len(r.key)))
+            body.append(r.key)
+        if r.value is None:
+            body.append(b"\x01")
+        else:
+            body.append(v(len(r.value)))
+            body.append(r.value)
+        if not r.headers:
+            body.append(b"\x00")
+        else:
+            body.append(v(len(r.headers)))
+            for hk, hv in r.headers:
+                kb = hk.encode()
+                body.append(v(len(kb)))
+                body.append(kb)
+                if hv is None:
+                    body.append(b"\x01")
+                else:
+                    body.append(v(len(hv)))
+                    body.append(hv)
+        payload = b"".join(body)
+        append(v(len(payload)))
+        append(payload)
+    return b"".join(out)
+
+
+def build_batch(
+    records: Sequence[Record],
+    *,
+    base_offset: int = 0,
+    compression: Compression = Compression.NONE,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    partition_leader_epoch: int = -1,
+    log_append_time: bool = False,
+    is_transactional: bool = False,
+    is_control: bool = False,
+    default_timestamp: int = 0,
+    last_offset_delta: int | None = None,
+) -> bytes:
+    """Build one v2 batch. Records with ``timestamp < 0`` get ``default_timestamp``.
+
+    Records keep offset deltas 0..n-1; ``last_offset_delta`` may be raised above n-1 (as
+    compaction does) to keep the batch's offset range.
+    """
+    if not records:
+        raise InvalidRecordError("a batch needs at least one record")
+    if len(records) > MAX_RECORDS_PER_BATCH:
+        raise InvalidRecordError(f"more than {MAX_RECORDS_PER_BATCH} records in one batch")
+    if any(r.timestamp < 0 for r in records):
+        records = [
+            r if r.timestamp >= 0 else Record(r.value, r.key, r.headers, default_timestamp)
+            for r in records
+        ]
+    timestamps = [r.timestamp for r in records]
+    base_ts = timestamps[0]
+    max_ts = max(timestamps)
+    body = compress(compression, encode_records(records, base_ts))
+    attributes = int(compression)
+    if log_append_time:
+        attributes |= TIMESTAMP_TYPE_MASK
+    if is_transactional:
+        attributes |= TRANSACTIONAL_MASK
+    if is_control:
+        attributes |= CONTROL_MASK
+    lod = len(records) - 1 if last_offset_delta is None else last_offset_delta
+    return assemble_batch(
+        body,
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        attributes=attributes,
+        last_offset_delta=lod,
+        base_timestamp=base_ts,
+        max_timestamp=max_ts,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        record_count=len(records),
+    )
+
+
+def assemble_batch(
+    body: bytes,
+    *,
+    base_offset: int,
+    partition_leader_epoch: int,
+    attributes: int,
+    last_offset_delta: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    record_count: int,
+) -> bytes:
+    """Put a header in front of an (already compressed) records section and sign it."""
+    after_crc = struct.pack(
+        ">hiqqqhii",
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        record_count,
+    )
+    crc = _crc32c.crc32c(body, _crc32c.crc32c(after_crc))
+    batch_length = HEADER_BYTES - LOG_OVERHEAD + len(body)
+    head = struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC, crc)
+    return head + after_crc + body
+
+
+# ---------------------------------------------------------------------------------------------
+# reading and validating
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+    """Unpack the 61-byte header at ``pos`` (no validation beyond its presence)."""
+    if len(buf) - pos < HEADER_BYTES:
+        raise CorruptRecordError(f"truncated batch header ({len(buf) - pos} bytes)")
+    return BatchHeader(*HEADER.unpack_from(buf, pos))
+
+
+def validate_batch(buf: bytes | memoryview, pos: int = 0, *, strict: bool = False) -> BatchHeader:
+    """Check the batch at ``pos``: length, magic, CRC, counts. Returns its header.
+
+    ``strict`` adds the rules for batches fresh from a producer: offset deltas 0..n-1 and no
+    control batches. Raises :class:`CorruptRecordError` or :class:`InvalidRecordError`.
+    """
+    h = parse_header(buf, pos)
+    if h.magic != MAGIC:
+        raise CorruptRecordError(f"unsupported batch magic {h.magic}")
+    size = h.size_bytes
+    if h.batch_length < HEADER_BYTES - LOG_OVERHEAD or size > MAX_BATCH_BYTES:
+        raise CorruptRecordError(f"invalid batch length {h.batch_length}")
+    if len(buf) - pos < size:
+        raise CorruptRecordError(f"batch of {size} bytes is truncated to {len(buf) - pos}")
+    view = memoryview(buf)[pos + CRC_START : pos + size]
+    if _crc32c.crc32c(view) != h.crc:
+        raise CorruptRecordError("batch CRC-32C mismatch")
+    if h.record_count < 0 or h.record_count > MAX_RECORDS_PER_BATCH:
+        raise CorruptRecordError(f"invalid record count {h.record_count}")
+    if h.last_offset_delta < 0 or h.last_offset_delta < h.record_count - 1:
+        raise CorruptRecordError(
+            f"lastOffsetDelta {h.last_offset_delta} is below recordCount-1 ({h.record_count - 1})"
+        )
+    if h.attributes & COMPRESSION_MASK > Compression.ZSTD:
+        raise CorruptRecordError(f"unknown compression codec {h.attributes & COMPRESSION_MASK}")
+    if strict:
+        if h.record_count == 0 or h.last_offset_delta != h.record_count - 1:
+            raise InvalidRecordError(
+                "a producer batch must hold records with offset deltas 0..n-1"
+            )
+        if h.is_control:
+            raise InvalidRecordError("producers may not send control batches")
+    return h
+
+
+def split_batches(buf: bytes | memoryview, *, strict: bool = False) -> list[BatchHeader]:
+    """Validate a buffer holding one or more whole batches back to back; return their headers."""
+    headers: list[BatchHeader] = []
+    pos = 0
+    while pos < len(buf):
+        h = validate_batch(buf, pos, strict=strict)
+        headers.append(h)
+        pos += h.size_bytes
+    return headers
+
+
+def scan_batches(buf: bytes | memoryview) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) of each whole batch in ``buf`` without CRC checks.
+
+    Stops silently at a trailing partial batch; for data the log already validated.
+    """
+    pos = 0
+    end = len(buf)
+    while end - pos >= HEADER_BYTES:
+        h = BatchHeader(*HEADER.unpack_from(buf, pos))
+        if h.batch_length < HEADER_BYTES - LOG_OVERHEAD or pos + h.size_bytes > end:
+            return
+        yield pos, h
+        pos += h.size_bytes
+
+
+def prefix_for(base_offset: int, batch_length: int, partition_leader_epoch: int) -> bytes:
+    """The 16 patchable bytes that start a batch."""
+    return PREFIX.pack(base_offset, batch_length, partition_leader_epoch)
+
+
+def records_section(buf: bytes | memoryview, h: BatchHeader, pos: int = 0) -> bytes:
+    """The decompressed records bytes of the batch at ``pos``."""
+    raw = bytes(memoryview(buf)[pos + RECORDS_OFFSET : pos + h.size_bytes])
+    return decompress(h.compression, raw)
+
+
+def decode_records(buf: bytes | memoryview, pos: int = 0) -> list[Record]:
+    """Decode every record of the (validated) batch at ``pos`` with absolute offsets/timestamps."""
+    h = parse_header(buf, pos)
+    return decode_records_of(h, records_section(buf, h, pos))
+
+
+def decode_records_of(h: BatchHeader, data: bytes) -> list[Record]:
+    out: list[Record] = []
+    pos = 0
+    n = len(data)
+    dv = decode_varint
+    append_time = h.max_timestamp if h.log_append_time else None
+    for _ in range(h.record_count):
+        length, pos = dv(data, pos)
+        end = pos + length
+        if length < 0 or end > n:
+            raise CorruptRecordError("record length runs past the batch")
+        pos += 1  # record attributes: unused in v2
+        ts_delta, pos = dv(data, pos)
+        off_delta, pos = dv(data, pos)
+        klen, pos = dv(data, pos)
+        key: bytes | None = None
+        if klen >= 0:
+            key = data[pos : pos + klen]
+            pos += klen
+        vlen, pos = dv(data, pos)
+        value: bytes | None = None
+        if vlen >= 0:
+            value = data[pos : pos + vlen]
+            pos += vlen
+        hcount, pos = dv(data, pos)
+        if hcount < 0 or hcount > MAX_HEADERS_PER_RECORD:
+            raise CorruptRecordError(f"invalid header count {hcount}")
+        headers: list[tuple[str, bytes | None]] = []
+        for _h in range(hcount):
+            hklen, pos = dv(data, pos)
+            if hklen < 0 or hklen > MAX_HEADER_KEY_BYTES:
+                raise CorruptRecordError(f"invalid header key length {hklen}")
+            try:
+                hk = data[pos : pos + hklen].decode()
+            except UnicodeDecodeError:
+                raise CorruptRecordError("header key is not UTF-8") from None
+            pos += hklen
+            hvlen, pos = dv(data, pos)
+            hv: bytes | None = None
+            if hvlen >= 0:
+                hv = data[pos : pos + hvlen]
+                pos += hvlen
+            headers.append((hk, hv))
+        if pos != end:
+            raise CorruptRecordError("record length does not match its fields")
+        if (key is not None and len(key) != klen) or (value is not None and len(value) != vlen):
+            raise CorruptRecordError("record field runs past the batch")
+        ts = append_time if append_time is not None else h.base_timestamp + ts_delta
+        out.append(Record(value, key, tuple(headers), ts, h.base_offset + off_delta))
+    if pos != n:
+        raise CorruptRecordError("trailing bytes after the last record")
+    return out
+
+
+def iter_records(buf: bytes | memoryview) -> Iterator[Record]:
+    """Every record of every whole batch in ``buf`` (e.g. a fetch response), in order."""
+    for pos, _h in scan_batches(buf):
+        yield from decode_records(buf, pos)
+
+
+def recompress(buf: bytes | memoryview, codec: Compression, pos: int = 0) -> bytes:
+    """Re-encode the batch at ``pos`` with ``codec``, keeping every header field but the CRC."""
+    h = parse_header(buf, pos)
+    if h.compression is codec:
+        return bytes(memoryview(buf)[pos : pos + h.size_bytes])
+    body = compress(codec, records_section(buf, h, pos))
+    return assemble_batch(
+        body,
+        base_offset=h.base_offset,
+        partition_leader_epoch=h.partition_leader_epoch,
+        attributes=(h.attributes & ~COMPRESSION_MASK) | int(codec),
+        last_offset_delta=h.last_offset_delta,
+        base_timestamp=h.base_timestamp,
+        max_timestamp=h.max_timestamp,
+        producer_id=h.producer_id,
+        producer_epoch=h.producer_epoch,
+        base_sequence=h.base_sequence,
+        record_count=h.record_count,
+    )

@@ -1,0 +1,162 @@
+"""The error tree of Logbus, with Kafka's error names.
+
+Every operating error a caller can see is a :class:`LogbusError` carrying an :class:`ErrorCode`:
+a stable Kafka-style name, Kafka's numeric code, whether a retry can succeed, and the HTTP
+status the API answers with. Programmer errors stay ``AssertionError``/``TypeError``.
+
+    LogbusError
+    ├── CorruptRecordError          CORRUPT_MESSAGE          400
+    ├── InvalidRecordError          INVALID_RECORD           400
+    ├── RecordTooLargeError         RECORD_TOO_LARGE         413
+    ├── OffsetOutOfRangeError       OFFSET_OUT_OF_RANGE      416  (carries the valid range)
+    ├── UnknownTopicOrPartitionError UNKNOWN_TOPIC_OR_PARTITION 404
+    ├── InvalidTopicError           INVALID_TOPIC_EXCEPTION  400
+    ├── TopicAlreadyExistsError     TOPIC_ALREADY_EXISTS     409
+    ├── InvalidConfigError          INVALID_CONFIG           400
+    ├── KafkaStorageError           KAFKA_STORAGE_ERROR      503  (retriable)
+    └── ... (any ErrorCode through LogbusError(code, message))
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class ErrorCode(enum.Enum):
+    """(Kafka numeric code, retriable, HTTP status)."""
+
+    UNKNOWN_SERVER_ERROR = (-1, False, 500)
+    OFFSET_OUT_OF_RANGE = (1, False, 416)
+    CORRUPT_MESSAGE = (2, True, 400)
+    UNKNOWN_TOPIC_OR_PARTITION = (3, True, 404)
+    INVALID_FETCH_SIZE = (4, False, 400)
+    LEADER_NOT_AVAILABLE = (5, True, 503)
+    NOT_LEADER_OR_FOLLOWER = (6, True, 421)
+    REQUEST_TIMED_OUT = (7, True, 504)
+    MESSAGE_TOO_LARGE = (10, False, 413)
+    OFFSET_METADATA_TOO_LARGE = (12, False, 400)
+    NETWORK_EXCEPTION = (13, True, 503)
+    COORDINATOR_NOT_AVAILABLE = (15, True, 503)
+    NOT_COORDINATOR = (16, True, 421)
+    INVALID_TOPIC_EXCEPTION = (17, False, 400)
+    RECORD_LIST_TOO_LARGE = (18, False, 413)
+    NOT_ENOUGH_REPLICAS = (19, True, 503)
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = (20, True, 503)
+    INVALID_REQUIRED_ACKS = (21, False, 400)
+    ILLEGAL_GENERATION = (22, False, 409)
+    UNKNOWN_MEMBER_ID = (25, False, 404)
+    INVALID_SESSION_TIMEOUT = (26, False, 400)
+    REBALANCE_IN_PROGRESS = (27, False, 409)
+    TOPIC_AUTHORIZATION_FAILED = (29, False, 403)
+    GROUP_AUTHORIZATION_FAILED = (30, False, 403)
+    CLUSTER_AUTHORIZATION_FAILED = (31, False, 403)
+    INVALID_TIMESTAMP = (32, False, 400)
+    INVALID_PARTITIONS = (37, False, 400)
+    INVALID_REPLICATION_FACTOR = (38, False, 400)
+    INVALID_REQUEST = (42, False, 400)
+    UNSUPPORTED_FOR_MESSAGE_FORMAT = (43, False, 415)
+    POLICY_VIOLATION = (44, False, 400)
+    OUT_OF_ORDER_SEQUENCE_NUMBER = (45, False, 409)
+    DUPLICATE_SEQUENCE_NUMBER = (46, False, 409)
+    INVALID_PRODUCER_EPOCH = (47, False, 409)
+    TOPIC_ALREADY_EXISTS = (36, False, 409)
+    INVALID_CONFIG = (40, False, 400)
+    KAFKA_STORAGE_ERROR = (56, True, 503)
+    FENCED_LEADER_EPOCH = (74, True, 409)
+    UNKNOWN_LEADER_EPOCH = (75, True, 409)
+    UNSUPPORTED_COMPRESSION_TYPE = (76, False, 415)
+    INVALID_RECORD = (87, False, 400)
+    THROTTLING_QUOTA_EXCEEDED = (89, True, 429)
+    FENCED_MEMBER_EPOCH = (110, False, 409)
+    UNSUPPORTED_MEDIA_TYPE = (-1001, False, 415)
+    PAYLOAD_TOO_LARGE = (-1002, False, 413)
+    NOT_FOUND = (-1003, False, 404)
+    METHOD_NOT_ALLOWED = (-1004, False, 405)
+
+    def __init__(self, kafka_code: int, retriable: bool, http_status: int) -> None:
+        self.kafka_code = kafka_code
+        self.retriable = retriable
+        self.http_status = http_status
+
+
+class LogbusError(Exception):
+    """An operating error with a Kafka-style code. ``detail`` holds extra structured fields."""
+
+    code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def __init__(
+        self, message: str, *, code: ErrorCode | None = None, **detail: Any
+    ) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+        self.detail: dict[str, Any] = detail
+
+    @property
+    def retriable(self) -> bool:
+        return self.code.retriable
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.code.name}: {self.message})"
+
+
+class CorruptRecordError(LogbusError):
+    """A batch failed validation: bad CRC, bad length, torn or truncated bytes."""
+
+    code = ErrorCode.CORRUPT_MESSAGE
+
+
+class InvalidRecordError(LogbusError):
+    """A batch is well formed but not acceptable (bad offsets, magic, timestamps, null key)."""
+
+    code = ErrorCode.INVALID_RECORD
+
+
+class RecordTooLargeError(LogbusError):
+    code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class OffsetOutOfRangeError(LogbusError):
+    """The requested offset is outside ``[log_start_offset, log_end_offset]``."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+    def __init__(self, offset: int, log_start_offset: int, log_end_offset: int) -> None:
+        super().__init__(
+            f"offset {offset} is outside the valid range "
+            f"[{log_start_offset}, {log_end_offset}]",
+            offset=offset,
+            log_start_offset=log_start_offset,
+            log_end_offset=log_end_offset,
+        )
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class UnknownTopicOrPartitionError(LogbusError):
+    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+class InvalidTopicError(LogbusError):
+    code = ErrorCode.INVALID_TOPIC_EXCEPTION
+
+
+class TopicAlreadyExistsError(LogbusError):
+    code = ErrorCode.TOPIC_ALREADY_EXISTS
+
+
+class InvalidConfigError(LogbusError):
+    code = ErrorCode.INVALID_CONFIG
+
+
+class UnsupportedCompressionError(LogbusError):
+    code = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
+
+
+class KafkaStorageError(LogbusError):
+    """The disk failed under us (I/O error); the partition is offline until restart."""
+
+    code = ErrorCode.KAFKA_STORAGE_ERROR
