@@ -350,9 +350,7 @@ def validate_batch(buf: bytes | memoryview, pos: int = 0, *, strict: bool = Fals
         raise CorruptRecordError(f"unknown compression codec {h.attributes & COMPRESSION_MASK}")
     if strict:
         if h.record_count == 0 or h.last_offset_delta != h.record_count - 1:
-            raise InvalidRecordError(
-                "a producer batch must hold records with offset deltas 0..n-1"
-            )
+            raise InvalidRecordError("a producer batch must hold records with offset deltas 0..n-1")
         if h.is_control:
             raise InvalidRecordError("producers may not send control batches")
     return h
@@ -475,6 +473,25 @@ def recompress(buf: bytes | memoryview, codec: Compression, pos: int = 0) -> byt
         last_offset_delta=h.last_offset_delta,
         base_timestamp=h.base_timestamp,
         max_timestamp=h.max_timestamp,
+        producer_id=h.producer_id,
+        producer_epoch=h.producer_epoch,
+        base_sequence=h.base_sequence,
+        record_count=h.record_count,
+    )
+
+
+def restamp(buf: bytes | memoryview, timestamp: int, pos: int = 0) -> bytes:
+    """The batch at ``pos`` marked LogAppendTime with ``timestamp``; records are not touched."""
+    h = parse_header(buf, pos)
+    body = bytes(memoryview(buf)[pos + RECORDS_OFFSET : pos + h.size_bytes])
+    return assemble_batch(
+        body,
+        base_offset=h.base_offset,
+        partition_leader_epoch=h.partition_leader_epoch,
+        attributes=h.attributes | TIMESTAMP_TYPE_MASK,
+        last_offset_delta=h.last_offset_delta,
+        base_timestamp=h.base_timestamp,
+        max_timestamp=timestamp,
         producer_id=h.producer_id,
         producer_epoch=h.producer_epoch,
         base_sequence=h.base_sequence,

@@ -85,9 +85,7 @@ class LogbusError(Exception):
 
     code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
 
-    def __init__(
-        self, message: str, *, code: ErrorCode | None = None, **detail: Any
-    ) -> None:
+    def __init__(self, message: str, *, code: ErrorCode | None = None, **detail: Any) -> None:
         super().__init__(message)
         if code is not None:
             self.code = code
@@ -125,8 +123,7 @@ class OffsetOutOfRangeError(LogbusError):
 
     def __init__(self, offset: int, log_start_offset: int, log_end_offset: int) -> None:
         super().__init__(
-            f"offset {offset} is outside the valid range "
-            f"[{log_start_offset}, {log_end_offset}]",
+            f"offset {offset} is outside the valid range [{log_start_offset}, {log_end_offset}]",
             offset=offset,
             log_start_offset=log_start_offset,
             log_end_offset=log_end_offset,

@@ -1,0 +1,77 @@
+"""A broker-wide bound on open segment files.
+
+Every segment opens its ``.log`` through :meth:`HandleCache.use`, which keeps at most
+``max_open`` descriptors, closing the least recently used idle one when a new one is needed.
+A descriptor in use (a read or write in progress, counted under the cache's lock) or pinned
+(the active segment of a partition) is never closed, so a thread never reads through a
+descriptor that was closed and reused under it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .limits import DEFAULT_MAX_OPEN_SEGMENT_HANDLES
+
+
+class Handle:
+    """The descriptor slot of one file; owned by a segment, managed by a cache."""
+
+    __slots__ = ("_fd", "_users", "path", "pinned")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pinned = False
+        self._fd: int | None = None
+        self._users = 0
+
+
+class HandleCache:
+    def __init__(self, max_open: int = DEFAULT_MAX_OPEN_SEGMENT_HANDLES) -> None:
+        assert max_open >= 1
+        self.max_open = max_open
+        self._lock = threading.Lock()
+        self._open: OrderedDict[Handle, None] = OrderedDict()
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    @contextmanager
+    def use(self, h: Handle) -> Iterator[int]:
+        """The open descriptor of ``h`` for the duration of the block."""
+        with self._lock:
+            if h._fd is None:
+                h._fd = os.open(h.path, os.O_RDWR | os.O_CREAT, 0o644)
+            h._users += 1
+            self._open[h] = None
+            self._open.move_to_end(h)
+            self._evict()
+        try:
+            yield h._fd
+        finally:
+            with self._lock:
+                h._users -= 1
+
+    def close(self, h: Handle) -> None:
+        with self._lock:
+            assert h._users == 0, "closing a handle in use"
+            self._open.pop(h, None)
+            if h._fd is not None:
+                os.close(h._fd)
+                h._fd = None
+
+    def _evict(self) -> None:
+        while len(self._open) > self.max_open:
+            victim = next((v for v in self._open if v._users == 0 and not v.pinned), None)
+            if victim is None:
+                return  # everything is busy or pinned: go over the bound rather than block
+            del self._open[victim]
+            assert victim._fd is not None
+            os.close(victim._fd)
+            victim._fd = None

@@ -1,0 +1,568 @@
+"""The log of one partition: an ordered list of segments and the offsets that describe them.
+
+Theory of operation
+-------------------
+* Offsets: ``log_start_offset`` <= ``high_watermark`` <= ``log_end_offset`` (LEO, the next
+  offset to assign), and ``recovery_point`` <= LEO is the offset below which everything is
+  fsynced. The caller sets the high watermark (a single broker: LEO once durable per policy; a
+  cluster: min LEO of the ISR). Consumers never read at or past it.
+* Append (leader): every batch of a request is validated first (header, CRC, sizes), so a bad
+  request changes nothing; then each batch gets its base offset and leader epoch by rewriting
+  the first 16 bytes, and the rest of its bytes goes to the active segment untouched. Only a
+  topic ``compression.type`` other than ``producer`` or ``LogAppendTime`` re-signs a batch.
+* Append (follower): batches keep the offsets and epochs the leader gave them.
+* Durability: appends land in the page cache; :meth:`flush` fsyncs every segment holding data
+  past the recovery point *without holding the lock*, so appends continue during an fsync and
+  the next flush covers all of them (the group commit is driven by :mod:`core_log.manager`).
+* Files: ``{base:020d}.log|.index|.timeindex`` per segment, ``log.checkpoint`` (JSON: recovery
+  point, high watermark, log start offset) and ``leader-epoch-checkpoint``; both checkpoints are
+  written atomically. Recovery after an unclean shutdown re-validates every segment from the one
+  holding the recovery point and cuts the log at the first invalid batch.
+
+Threading: one ``RLock`` guards the state; every public method is safe from any thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .batch import (
+    PREFIX,
+    PREFIX_BYTES,
+    BatchHeader,
+    parse_header,
+    recompress,
+    restamp,
+    split_batches,
+)
+from .checkpoint import read_json, write_json
+from .clock import Clock
+from .compression import Compression
+from .config import LogConfig
+from .epoch_cache import LeaderEpochCache
+from .errors import (
+    InvalidRecordError,
+    KafkaStorageError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+)
+from .handles import HandleCache
+from .limits import MAX_FETCH_BYTES, MAX_SEGMENTS_DELETED_PER_PASS
+from .segment import LogSegment
+
+CHECKPOINT_FILE = "log.checkpoint"
+EPOCH_FILE = "leader-epoch-checkpoint"
+SUFFIXES = (".log", ".index", ".timeindex")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int  # offset of the first record appended
+    last_offset: int
+    batches: int
+    records: int
+    size_bytes: int
+    log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    data: bytes  # whole batches, as stored
+    first_offset: int  # base offset of the first batch in ``data`` (may be < requested)
+    next_offset: int  # where the next read should start
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionResult:
+    deleted_segments: int
+    deleted_bytes: int
+    log_start_offset: int
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        clock: Clock,
+        handles: HandleCache,
+        *,
+        clean_shutdown: bool = False,
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self.clock = clock
+        self._handles = handles
+        self._lock = threading.RLock()
+        self._segments: list[LogSegment] = []
+        self.epochs = LeaderEpochCache(directory / EPOCH_FILE)
+        self._log_start_offset = 0
+        self._high_watermark = 0
+        self._recovery_point = 0
+        self._closed = False
+        self.recovered_bytes_truncated = 0
+        directory.mkdir(parents=True, exist_ok=True)
+        self._open(clean_shutdown)
+
+    # -- offsets ---------------------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def unflushed_records(self) -> int:
+        return self.log_end_offset - self._recovery_point
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        with self._lock:
+            return list(self._segments)
+
+    def set_high_watermark(self, offset: int) -> int:
+        """Move the high watermark forward to ``offset`` (clamped to the LEO); return it."""
+        with self._lock:
+            offset = min(offset, self.log_end_offset)
+            if offset > self._high_watermark:
+                self._high_watermark = offset
+            return self._high_watermark
+
+    # -- append ----------------------------------------------------------------------------------
+
+    def append(
+        self, data: bytes | memoryview, *, leader_epoch: int = 0, as_follower: bool = False
+    ) -> AppendResult:
+        """Append one or more whole batches; return the offsets they got.
+
+        As leader, offsets are assigned from the LEO and batches are stamped with
+        ``leader_epoch``; as follower (replication), batches keep the leader's offsets and
+        epochs and must start at the LEO. Raises :class:`CorruptRecordError`,
+        :class:`InvalidRecordError` or :class:`RecordTooLargeError` before writing anything.
+        """
+        view = memoryview(data)
+        headers = split_batches(view, strict=not as_follower)
+        if not headers:
+            raise InvalidRecordError("no record batch in the request")
+        for h in headers:
+            if h.size_bytes > self.config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {h.size_bytes} bytes exceeds max.message.bytes "
+                    f"{self.config.max_message_bytes}",
+                    max_message_bytes=self.config.max_message_bytes,
+                )
+        with self._lock:
+            self._check_open()
+            if as_follower:
+                self._check_follower_offsets(headers)
+            now = self.clock.now_ms()
+            append_time = now if self.config.log_append_time and not as_follower else -1
+            target = self._target_compression()
+            offset = self.log_end_offset
+            first = headers[0].base_offset if as_follower else offset
+            position = 0
+            records = 0
+            for h in headers:
+                raw = view[position : position + h.size_bytes]
+                position += h.size_bytes
+                if not as_follower and (
+                    append_time >= 0 or (target is not None and target != h.compression)
+                ):
+                    converted = recompress(raw, target) if target is not None else bytes(raw)
+                    if append_time >= 0:
+                        converted = restamp(converted, append_time)
+                    raw = memoryview(converted)
+                    h = parse_header(raw)
+                if as_follower:
+                    prefix = bytes(raw[:PREFIX_BYTES])
+                    epoch = h.partition_leader_epoch
+                else:
+                    prefix = PREFIX.pack(offset, h.batch_length, leader_epoch)
+                    epoch = leader_epoch
+                    h = dataclasses.replace(
+                        h, base_offset=offset, partition_leader_epoch=leader_epoch
+                    )
+                segment = self._segment_for(h, now)
+                segment.append(prefix, raw[PREFIX_BYTES:], h)
+                if self.epochs.assign(epoch, h.base_offset):
+                    self.epochs.store()
+                offset = h.next_offset
+                records += h.record_count
+            return AppendResult(
+                base_offset=first,
+                last_offset=offset - 1,
+                batches=len(headers),
+                records=records,
+                size_bytes=len(view),
+                log_append_time_ms=append_time,
+            )
+
+    def _target_compression(self) -> Compression | None:
+        kind = self.config.compression_type
+        if kind == "producer":
+            return None
+        if kind == "uncompressed":
+            return Compression.NONE
+        return Compression.from_name(kind)
+
+    def _check_follower_offsets(self, headers: list[BatchHeader]) -> None:
+        expected = self.log_end_offset
+        for h in headers:
+            if h.base_offset < expected:
+                raise InvalidRecordError(
+                    f"replicated batch at offset {h.base_offset} is below the log end {expected}"
+                )
+            expected = h.next_offset
+
+    def _segment_for(self, h: BatchHeader, now: int) -> LogSegment:
+        active = self._segments[-1]
+        expired = not active.is_empty and now - active.created_ms >= self.config.segment_ms
+        if expired or not active.can_hold(h.last_offset, h.size_bytes, self.config.segment_bytes):
+            active = self._roll(h.base_offset, now)
+        return active
+
+    def _roll(self, base_offset: int, now: int) -> LogSegment:
+        """Close the active segment for appends and start a new one at ``base_offset``."""
+        old = self._segments[-1]
+        if old.is_empty:
+            # Nothing to keep: replace the empty segment (its name must match its first offset).
+            self._segments.pop()
+            old.delete()
+        else:
+            old.on_roll()
+        segment = self._new_segment(base_offset, now)
+        segment.create()
+        segment.pin(True)
+        self._segments.append(segment)
+        return segment
+
+    def _new_segment(self, base_offset: int, now: int) -> LogSegment:
+        c = self.config
+        return LogSegment(
+            self.directory,
+            base_offset,
+            self._handles,
+            index_interval_bytes=c.index_interval_bytes,
+            index_max_entries=max(1, c.segment_index_bytes // 8),
+            created_ms=now,
+        )
+
+    def roll_if_expired(self) -> bool:
+        """Roll the active segment when ``segment.ms`` has passed (called by a timer)."""
+        with self._lock:
+            active = self._segments[-1]
+            now = self.clock.now_ms()
+            if active.is_empty or now - active.created_ms < self.config.segment_ms:
+                return False
+            self._roll(active.next_offset, now)
+            return True
+
+    # -- read ------------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> ReadResult:
+        """Whole batches from the one holding ``offset``, at most ``max_bytes`` (but at least one
+        batch), never at or past ``max_offset`` (default: the high watermark).
+
+        Reading at the bound returns no data; outside ``[log_start, LEO]`` raises
+        :class:`OffsetOutOfRangeError` with the valid range.
+        """
+        max_bytes = max(1, min(max_bytes, MAX_FETCH_BYTES))
+        with self._lock:
+            self._check_open()
+            lso, hw, leo = self._log_start_offset, self._high_watermark, self.log_end_offset
+            upper = hw if max_offset is None else min(max_offset, leo)
+            if offset < lso or offset > leo:
+                raise OffsetOutOfRangeError(offset, lso, leo)
+            i = self._segment_index(offset)
+            while offset < upper and i < len(self._segments):
+                segment = self._segments[i]
+                end_position = segment.size
+                if upper < segment.next_offset:
+                    found = segment.find_batch(upper)
+                    end_position = found[0] if found is not None else segment.size
+                s = segment.slice(offset, max_bytes, end_position)
+                if s is not None:
+                    data = segment.read_bytes(s.position, s.size)
+                    return ReadResult(data, s.first_offset, s.next_offset, hw, lso, leo)
+                if upper < segment.next_offset:
+                    break
+                i += 1
+            return ReadResult(b"", offset, offset, hw, lso, leo)
+
+    def _segment_index(self, offset: int) -> int:
+        """Index of the last segment whose base offset is <= ``offset`` (0 if none)."""
+        lo, hi = 0, len(self._segments)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._segments[mid].base_offset <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return max(0, lo - 1)
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """The first offset whose record timestamp is >= ``timestamp``; None if none is."""
+        with self._lock:
+            self._check_open()
+            for segment in self._segments:
+                if segment.max_timestamp < timestamp:
+                    continue
+                found = segment.offset_for_timestamp(timestamp)
+                if found is not None:
+                    return max(found, self._log_start_offset)
+            return None
+
+    # -- durability ------------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """fsync everything appended so far; return the new recovery point.
+
+        The lock is held only to pick the segments and the target offset, not during fsync.
+        """
+        with self._lock:
+            self._check_open()
+            target = self.log_end_offset
+            if target <= self._recovery_point:
+                return self._recovery_point
+            dirty = [s for s in self._segments if s.next_offset > self._recovery_point]
+        try:
+            for segment in dirty:
+                segment.fsync()
+        except OSError as e:
+            raise KafkaStorageError(f"fsync of {self.directory} failed: {e}") from e
+        with self._lock:
+            self._recovery_point = min(max(self._recovery_point, target), self.log_end_offset)
+            return self._recovery_point
+
+    def write_checkpoint(self) -> None:
+        with self._lock:
+            state = {
+                "high_watermark": self._high_watermark,
+                "log_start_offset": self._log_start_offset,
+                "recovery_point": self._recovery_point,
+            }
+        write_json(self.directory / CHECKPOINT_FILE, state)
+
+    # -- replication support ---------------------------------------------------------------------
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        with self._lock:
+            return self.epochs.end_offset_for_epoch(epoch, self.log_end_offset)
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset is >= ``offset``; return the new LEO.
+
+        Used by followers to cut a divergent suffix. Whole batches only, as Kafka does.
+        """
+        with self._lock:
+            self._check_open()
+            if offset >= self.log_end_offset:
+                return self.log_end_offset
+            offset = max(offset, self._log_start_offset)
+            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+                self._segments.pop().delete()
+            active = self._segments[-1]
+            active.truncate_to(offset)
+            active.pin(True)
+            leo = self.log_end_offset
+            if self.epochs.truncate_from_end(leo):
+                self.epochs.store()
+            self._high_watermark = min(self._high_watermark, leo)
+            self._recovery_point = min(self._recovery_point, leo)
+            return leo
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete every segment and restart the log empty at ``offset`` (follower catch-up)."""
+        with self._lock:
+            self._check_open()
+            for segment in self._segments:
+                segment.delete()
+            self._segments = [self._new_segment(offset, self.clock.now_ms())]
+            self._segments[0].create()
+            self._segments[0].pin(True)
+            self._log_start_offset = self._high_watermark = self._recovery_point = offset
+            self.epochs.clear()
+            self.epochs.store()
+            self.write_checkpoint()
+
+    # -- retention -------------------------------------------------------------------------------
+
+    def apply_retention(self) -> RetentionResult:
+        """Delete whole old segments by ``retention.ms``/``retention.bytes``, oldest first.
+
+        Never deletes data at or above the high watermark; at most
+        ``MAX_SEGMENTS_DELETED_PER_PASS`` segments per call.
+        """
+        with self._lock:
+            self._check_open()
+            c = self.config
+            if not c.delete:
+                return RetentionResult(0, 0, self._log_start_offset)
+            now = self.clock.now_ms()
+            if self._all_expired(now) and self._segments[-1].next_offset <= self._high_watermark:
+                self._roll(self._segments[-1].next_offset, now)  # so the last data can go too
+            excess = self.size_bytes - c.retention_bytes if c.retention_bytes >= 0 else 0
+            doomed: list[LogSegment] = []
+            for segment in self._segments[:-1]:
+                if len(doomed) >= MAX_SEGMENTS_DELETED_PER_PASS:
+                    break
+                if segment.next_offset > self._high_watermark:
+                    break
+                by_time = c.retention_ms >= 0 and self._expired(segment, now)
+                by_size = excess - segment.size >= 0 and c.retention_bytes >= 0
+                if not (by_time or by_size):
+                    break
+                excess -= segment.size
+                doomed.append(segment)
+            if not doomed:
+                return RetentionResult(0, 0, self._log_start_offset)
+            del self._segments[: len(doomed)]
+            freed = sum(s.size for s in doomed)
+            self._advance_log_start(self._segments[0].base_offset)
+            for segment in doomed:
+                segment.delete()
+            return RetentionResult(len(doomed), freed, self._log_start_offset)
+
+    def _expired(self, segment: LogSegment, now: int) -> bool:
+        return not segment.is_empty and now - segment.max_timestamp > self.config.retention_ms
+
+    def _all_expired(self, now: int) -> bool:
+        c = self.config
+        return c.retention_ms >= 0 and all(self._expired(s, now) for s in self._segments)
+
+    def increment_log_start_offset(self, offset: int) -> None:
+        """Move the log start offset forward (deleting records below it); bounded by the HW."""
+        with self._lock:
+            if offset > self._high_watermark:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, self._high_watermark)
+            self._advance_log_start(offset)
+            while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
+                self._segments.pop(0).delete()
+
+    def _advance_log_start(self, offset: int) -> None:
+        if offset > self._log_start_offset:
+            self._log_start_offset = offset
+            if self.epochs.truncate_from_start(offset):
+                self.epochs.store()
+            self.write_checkpoint()
+
+    # -- open, recover, close --------------------------------------------------------------------
+
+    def _open(self, clean_shutdown: bool) -> None:
+        for stray in self.directory.glob("*.tmp"):
+            stray.unlink()
+        bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
+        for suffix in (".index", ".timeindex"):  # index files without a log file
+            for p in self.directory.glob("*" + suffix):
+                if not p.stem.isdigit() or int(p.stem) not in bases:
+                    p.unlink()
+        checkpoint = read_json(self.directory / CHECKPOINT_FILE)
+        state = checkpoint if isinstance(checkpoint, dict) else {}
+        recovery_point = int(state.get("recovery_point", 0))
+        now = self.clock.now_ms()
+        self.epochs.load()
+        self._segments = [self._new_segment(b, now) for b in bases]
+        if not self._segments:
+            start = int(state.get("log_start_offset", 0))
+            self._segments = [self._new_segment(start, now)]
+            self._segments[0].create()
+        if clean_shutdown:
+            for segment in self._segments:
+                segment.load()
+            self._recovery_point = min(recovery_point, self.log_end_offset)
+        else:
+            self._recover(recovery_point)
+        self._segments[-1].pin(True)
+        leo = self.log_end_offset
+        self._log_start_offset = max(
+            int(state.get("log_start_offset", 0)), self._segments[0].base_offset
+        )
+        self._log_start_offset = min(self._log_start_offset, leo)
+        self._high_watermark = max(
+            min(int(state.get("high_watermark", 0)), leo), self._log_start_offset
+        )
+        if self.epochs.truncate_from_end(leo) | self.epochs.truncate_from_start(
+            self._log_start_offset
+        ):
+            self.epochs.store()
+
+    def _recover(self, recovery_point: int) -> None:
+        """Load segments below the recovery point; re-validate the rest (Kafka's LogLoader)."""
+        first_dirty = self._segment_index(recovery_point)
+        for segment in self._segments[:first_dirty]:
+            segment.load()
+        start = self._segments[first_dirty].base_offset
+        self.epochs.truncate_from_end(start)
+
+        def on_batch(h: BatchHeader) -> None:
+            self.epochs.assign(h.partition_leader_epoch, h.base_offset)
+
+        for i in range(first_dirty, len(self._segments)):
+            segment = self._segments[i]
+            truncated = segment.recover(on_batch)
+            if truncated or (segment.is_empty and i < len(self._segments) - 1):
+                self.recovered_bytes_truncated += truncated
+                for later in self._segments[i + 1 :]:
+                    self.recovered_bytes_truncated += os.path.getsize(later.log_path)
+                    later.delete()
+                del self._segments[i + 1 :]
+                break
+        if self._segments[-1].is_empty and len(self._segments) > 1:
+            self._segments.pop().delete()
+        for segment in self._segments[first_dirty:]:
+            segment.fsync()
+        self._recovery_point = self.log_end_offset
+        self.epochs.store()
+
+    def update_config(self, config: LogConfig) -> None:
+        with self._lock:
+            self.config = config
+
+    def close(self) -> None:
+        """Flush and close: after this the log may be reopened with ``clean_shutdown=True``."""
+        with self._lock:
+            if self._closed:
+                return
+        self.flush()
+        with self._lock:
+            self.write_checkpoint()
+            for segment in self._segments:
+                segment.close()
+            self._closed = True
+
+    def delete(self) -> None:
+        """Remove every file of this log."""
+        with self._lock:
+            for segment in self._segments:
+                segment.delete()
+            self._segments = []
+            self._closed = True
+            for p in self.directory.iterdir():
+                p.unlink()
+            self.directory.rmdir()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KafkaStorageError(f"log {self.directory.name} is closed")

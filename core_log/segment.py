@@ -1,0 +1,407 @@
+"""One segment of a partition log: ``{base_offset:020d}.log`` and its two indexes.
+
+The ``.log`` file is a plain concatenation of record batches v2 (see :mod:`core_log.batch`),
+exactly as they travel on the wire, in increasing offset order. Positions are byte positions
+in this file (:class:`~core_log.types.Position`); offsets are logical record offsets. The
+segment appends at its tracked ``size`` with ``pwritev`` (prefix + untouched body, no copy),
+reads with ``pread``, and keeps the sparse indexes described in :mod:`core_log.index`.
+
+Threading: every method runs under the owning :class:`~core_log.log.PartitionLog`'s lock,
+except :meth:`fsync`, which may run concurrently with appends (``fsync`` and ``pwritev`` on one
+descriptor are safe together; the caller only moves the recovery point to what was written
+before the sync started).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .batch import (
+    HEADER,
+    HEADER_BYTES,
+    LOG_OVERHEAD,
+    BatchHeader,
+    decode_records,
+    validate_batch,
+)
+from .errors import CorruptRecordError, KafkaStorageError
+from .handles import Handle, HandleCache
+from .index import IndexCorrupt, OffsetIndex, TimeIndex
+from .limits import MAX_BATCH_BYTES, MAX_RELATIVE_OFFSET
+
+RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
+NO_TIMESTAMP = -1
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSlice:
+    """Bytes of whole batches ``[position, position + size)`` of one segment."""
+
+    position: int
+    size: int
+    first_offset: int  # base offset of the first batch in the slice
+    next_offset: int  # last offset of the last batch in the slice + 1
+
+
+class LogSegment:
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        handles: HandleCache,
+        *,
+        index_interval_bytes: int,
+        index_max_entries: int,
+        created_ms: int,
+    ) -> None:
+        self.base_offset = base_offset
+        name = segment_name(base_offset)
+        self.log_path = directory / f"{name}.log"
+        self._handle = Handle(self.log_path)
+        self._handles = handles
+        self.offset_index = OffsetIndex(directory / f"{name}.index", base_offset, index_max_entries)
+        self.time_index = TimeIndex(directory / f"{name}.timeindex", base_offset, index_max_entries)
+        self.index_interval_bytes = index_interval_bytes
+        self.size = 0
+        self.next_offset = base_offset
+        self.max_timestamp = NO_TIMESTAMP
+        self.offset_of_max_timestamp = base_offset
+        self.created_ms = created_ms
+        self.first_batch_ms = NO_TIMESTAMP  # for segment.ms: the first batch's max timestamp
+        self._bytes_since_index = 0
+        self._closed = False
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def is_empty(self) -> bool:
+        return self.size == 0
+
+    @property
+    def last_offset(self) -> int:
+        return self.next_offset - 1
+
+    def create(self) -> None:
+        """Create the empty ``.log`` file of a new segment."""
+        with self._handles.use(self._handle):
+            pass
+
+    def pin(self, pinned: bool) -> None:
+        """Keep the descriptor of the active segment open."""
+        self._handle.pinned = pinned
+
+    def can_hold(self, last_offset: int, size: int, segment_bytes: int) -> bool:
+        """Whether a batch ending at ``last_offset`` of ``size`` bytes fits without a roll."""
+        if self.offset_index.is_full or self.time_index.is_full:
+            return False
+        if last_offset - self.base_offset > MAX_RELATIVE_OFFSET:
+            return False
+        return self.size == 0 or self.size + size <= segment_bytes
+
+    # -- appends -------------------------------------------------------------------------------
+
+    def append(self, prefix: bytes, body: bytes | memoryview, h: BatchHeader) -> int:
+        """Write one batch (``prefix`` + ``body``) whose patched header is ``h``.
+
+        Returns the position it was written at. ``h`` must carry the final base offset.
+        """
+        position = self.size
+        total = len(prefix) + len(body)
+        assert total == h.size_bytes
+        with self._handles.use(self._handle) as fd:
+            try:
+                written = os.pwritev(fd, [prefix, body], position)
+                while written < total:  # short write: finish the remainder
+                    rest = (prefix + bytes(body))[written:]
+                    written += os.pwrite(fd, rest, position + written)
+            except OSError as e:
+                self._try_truncate(fd, position)
+                raise KafkaStorageError(f"write to {self.log_path} failed: {e}") from e
+        self._track(position, h)
+        return position
+
+    def _track(self, position: int, h: BatchHeader) -> None:
+        """Account for a batch at ``position`` in sizes, offsets and the indexes."""
+        self.size = position + h.size_bytes
+        self.next_offset = h.next_offset
+        if self.first_batch_ms == NO_TIMESTAMP:
+            self.first_batch_ms = h.max_timestamp
+        if h.max_timestamp > self.max_timestamp:
+            self.max_timestamp = h.max_timestamp
+            self.offset_of_max_timestamp = h.last_offset
+        if self._bytes_since_index >= self.index_interval_bytes or position == 0:
+            self.offset_index.append(h.last_offset, position)
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self._bytes_since_index = 0
+        self._bytes_since_index += h.size_bytes
+
+    def _try_truncate(self, fd: int, position: int) -> None:
+        with contextlib.suppress(OSError):  # the disk is failing; recovery cuts the torn tail
+            os.ftruncate(fd, position)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def read_bytes(self, position: int, size: int) -> bytes:
+        with self._handles.use(self._handle) as fd:
+            data = os.pread(fd, size, position)
+        if len(data) != size:
+            raise KafkaStorageError(
+                f"short read of {self.log_path}: {len(data)} of {size} bytes at {position}"
+            )
+        return data
+
+    def _header_at(self, fd: int, position: int) -> BatchHeader | None:
+        raw = os.pread(fd, HEADER_BYTES, position)
+        if len(raw) < HEADER_BYTES:
+            return None
+        return BatchHeader(*HEADER.unpack_from(raw))
+
+    def find_batch(
+        self, offset: int, end_position: int | None = None
+    ) -> tuple[int, BatchHeader] | None:
+        """The first batch whose last offset is >= ``offset``, as (position, header).
+
+        Binary search of the offset index, then a scan of batch headers. None if no batch
+        before ``end_position`` (default: the segment's end) holds such an offset.
+        """
+        end = self.size if end_position is None else end_position
+        _, position = self.offset_index.lookup(offset)
+        with self._handles.use(self._handle) as fd:
+            while position < end:
+                h = self._header_at(fd, position)
+                if h is None:
+                    return None
+                if h.last_offset >= offset:
+                    return position, h
+                position += h.size_bytes
+        return None
+
+    def slice(self, offset: int, max_bytes: int, end_position: int) -> FetchSlice | None:
+        """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at least one
+        batch) and never past ``end_position``. None when nothing at ``offset`` is readable."""
+        found = self.find_batch(offset, end_position)
+        if found is None:
+            return None
+        start, first = found
+        if start + first.size_bytes > end_position:
+            return None
+        limit = min(end_position, start + max_bytes)
+        if limit >= end_position:
+            end, next_offset = self._walk_to(start, end_position)
+        else:
+            end, next_offset = self._walk_to(start, limit)
+            if end == start:  # the first batch alone is larger than max_bytes: send it anyway
+                end, next_offset = start + first.size_bytes, first.next_offset
+        return FetchSlice(start, end - start, first.base_offset, next_offset)
+
+    def _walk_to(self, start: int, limit: int) -> tuple[int, int]:
+        """Last batch boundary <= ``limit`` reachable from ``start``, and the offset after it.
+
+        Jumps with the offset index close to ``limit`` first, so the header walk is short.
+        """
+        entry_offset, position = self.offset_index.lookup_position(limit)
+        boundary, next_offset = start, -1
+        with self._handles.use(self._handle) as fd:
+            if position > start:
+                h = self._header_at(fd, position)
+                if h is not None and h.last_offset == entry_offset:
+                    if position + h.size_bytes > limit:
+                        # The indexed batch crosses the limit: its base is the next offset.
+                        boundary, next_offset = position, h.base_offset
+                    else:
+                        boundary = position + h.size_bytes
+                        next_offset = h.next_offset
+            while True:
+                h = self._header_at(fd, boundary)
+                if h is None or boundary + h.size_bytes > limit:
+                    break
+                boundary += h.size_bytes
+                next_offset = h.next_offset
+        return boundary, next_offset
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """The first offset in this segment whose record timestamp is >= ``timestamp``."""
+        if self.max_timestamp < timestamp:
+            return None
+        start_offset = self.time_index.lookup(timestamp)
+        found = self.find_batch(start_offset)
+        if found is None:
+            return None
+        position, _ = found
+        with self._handles.use(self._handle) as fd:
+            while position < self.size:
+                h2 = self._header_at(fd, position)
+                if h2 is None:
+                    return None
+                if h2.max_timestamp >= timestamp:
+                    data = os.pread(fd, h2.size_bytes, position)
+                    for record in decode_records(data):
+                        if record.timestamp >= timestamp:
+                            return record.offset
+                position += h2.size_bytes
+        return None
+
+    # -- durability ------------------------------------------------------------------------------
+
+    def fsync(self) -> None:
+        """Flush pending index entries and fsync the log (safe alongside appends)."""
+        self.offset_index.flush(fsync=False)
+        self.time_index.flush(fsync=False)
+        if self._closed:
+            return
+        with self._handles.use(self._handle) as fd:
+            os.fsync(fd)
+
+    def on_roll(self) -> None:
+        """Called when this segment stops being active: index its final max timestamp."""
+        if self.max_timestamp != NO_TIMESTAMP:
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+        self.pin(False)
+
+    # -- loading, recovery, truncation -----------------------------------------------------------
+
+    def load(self) -> None:
+        """Open an existing segment after a clean shutdown, trusting (sanity-checked) indexes.
+
+        Rebuilds the indexes by a full recovery scan if they are missing or insane.
+        """
+        self.size = os.path.getsize(self.log_path)
+        try:
+            self.offset_index.load(self.size)
+            self._reload_tail()
+            self.time_index.load(self.next_offset)
+        except (IndexCorrupt, CorruptRecordError):
+            self.recover()
+            return
+        last = self.time_index.last_entry
+        if last is not None and last[0] > self.max_timestamp:
+            self.max_timestamp, self.offset_of_max_timestamp = last
+
+    def _reload_tail(self) -> None:
+        """Re-derive next offset, first batch time and max timestamp from the files."""
+        self.next_offset = self.base_offset
+        self.max_timestamp = NO_TIMESTAMP
+        self.offset_of_max_timestamp = self.base_offset
+        self.first_batch_ms = NO_TIMESTAMP
+        if self.size == 0:
+            return
+        with self._handles.use(self._handle) as fd:
+            first = self._header_at(fd, 0)
+        if first is None:
+            raise CorruptRecordError(f"{self.log_path.name}: torn first batch")
+        self.first_batch_ms = first.max_timestamp
+        last = self.time_index.last_entry
+        if last is not None:
+            self.max_timestamp, self.offset_of_max_timestamp = last
+        _, position = self.offset_index.lookup(2**63 - 1)
+        self._scan_tail(position)
+
+    def _scan_tail(self, position: int) -> None:
+        """Walk headers from ``position`` to the end to learn next offset and max timestamp."""
+        with self._handles.use(self._handle) as fd:
+            while position < self.size:
+                h = self._header_at(fd, position)
+                if h is None or position + h.size_bytes > self.size:
+                    raise CorruptRecordError(f"{self.log_path.name}: torn batch at {position}")
+                self.next_offset = h.next_offset
+                if h.max_timestamp > self.max_timestamp:
+                    self.max_timestamp = h.max_timestamp
+                    self.offset_of_max_timestamp = h.last_offset
+                position += h.size_bytes
+        if position != self.size:
+            raise CorruptRecordError(f"{self.log_path.name}: size does not end on a batch")
+
+    def recover(self, on_batch: Callable[[BatchHeader], None] | None = None) -> int:
+        """Re-validate every batch, rebuild both indexes, cut the file at the first bad batch.
+
+        Returns the number of bytes truncated (0 when the segment was intact). ``on_batch`` sees
+        every valid batch in order (to rebuild the epoch cache and producer state).
+        """
+        self.offset_index.reset()
+        self.time_index.reset()
+        self.next_offset = self.base_offset
+        self.max_timestamp = NO_TIMESTAMP
+        self.offset_of_max_timestamp = self.base_offset
+        self.first_batch_ms = NO_TIMESTAMP
+        self._bytes_since_index = 0
+        file_size = os.path.getsize(self.log_path)
+        position = 0
+        with self._handles.use(self._handle) as fd:
+            buf = b""
+            buf_pos = 0  # file position of buf[0]
+            while position < file_size:
+                rel = position - buf_pos
+                if len(buf) - rel < HEADER_BYTES:
+                    buf, buf_pos, rel = os.pread(fd, RECOVERY_CHUNK_BYTES, position), position, 0
+                try:
+                    h = self._valid_batch_at(fd, buf, rel, position, file_size)
+                except CorruptRecordError:
+                    break
+                self._track(position, h)
+                if on_batch is not None:
+                    on_batch(h)
+                position += h.size_bytes
+            truncated = file_size - position
+            if truncated:
+                os.ftruncate(fd, position)
+                os.fsync(fd)
+        self.size = position
+        return truncated
+
+    def _valid_batch_at(
+        self, fd: int, buf: bytes, rel: int, position: int, file_size: int
+    ) -> BatchHeader:
+        if len(buf) - rel < HEADER_BYTES:
+            raise CorruptRecordError("torn header")
+        h = BatchHeader(*HEADER.unpack_from(buf, rel))
+        size = h.batch_length + LOG_OVERHEAD
+        if h.batch_length < HEADER_BYTES - LOG_OVERHEAD or size > MAX_BATCH_BYTES:
+            raise CorruptRecordError("bad length")
+        if position + size > file_size:
+            raise CorruptRecordError("length past end of file")
+        if h.base_offset < self.next_offset or (
+            h.last_offset - self.base_offset > MAX_RELATIVE_OFFSET
+        ):
+            raise CorruptRecordError("offsets out of order")
+        data = buf if rel + size <= len(buf) else os.pread(fd, size, position)
+        start = rel if data is buf else 0
+        return validate_batch(data, start)
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset is >= ``offset``; return bytes removed."""
+        found = self.find_batch(offset)
+        if found is None:
+            return 0
+        position, _ = found
+        removed = self.size - position
+        with self._handles.use(self._handle) as fd:
+            os.ftruncate(fd, position)
+        self.offset_index.truncate_to_position(position)
+        self.time_index.truncate_to_offset(offset)
+        self.size = position
+        self._reload_tail()
+        self._bytes_since_index = self.index_interval_bytes  # index the next append
+        return removed
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.offset_index.flush(fsync=False)
+        self.time_index.flush(fsync=False)
+        self._closed = True
+        self._handle.pinned = False
+        self._handles.close(self._handle)
+
+    def delete(self) -> None:
+        self.close()
+        self.log_path.unlink(missing_ok=True)
+        self.offset_index.delete()
+        self.time_index.delete()
