@@ -73,6 +73,9 @@ class ErrorCode(enum.Enum):
     PAYLOAD_TOO_LARGE = (-1002, False, 413)
     NOT_FOUND = (-1003, False, 404)
     METHOD_NOT_ALLOWED = (-1004, False, 405)
+    CONCURRENT_UPDATE = (-1005, True, 409)
+    REQUEST_TIMEOUT = (-1006, True, 408)
+    NOT_ACCEPTABLE = (-1007, False, 406)
 
     def __init__(self, kafka_code: int, retriable: bool, http_status: int) -> None:
         self.kafka_code = kafka_code

@@ -1,0 +1,82 @@
+"""The ASGI application: FastAPI for admin, the lean fast path for records, offline docs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
+
+from cluster.broker import Broker, BrokerConfig
+
+from . import errors
+from .fastpath import FastPath
+from .metrics import Metrics
+from .routes import cluster, records, topics
+from .settings import Settings
+from .state import AppState
+
+DESCRIPTION = """\
+Kafka semantics over HTTP: topics of partitioned, retained commit logs addressed by offsets.
+
+* Produce JSON, NDJSON or Kafka record batches; fetch JSON, NDJSON or raw batches, with
+  long-poll (`min_bytes`, `wait_ms`).
+* Errors are `application/problem+json` with a stable Kafka-style `code` and `retriable`.
+"""
+
+
+def broker_config(settings: Settings) -> BrokerConfig:
+    return BrokerConfig(
+        data_dir=settings.data_dir,
+        broker_id=settings.broker_id,
+        host=settings.host,
+        port=settings.port,
+        rack=settings.rack,
+        metadata_url=settings.metadata_url,
+        max_open_handles=settings.max_open_handles,
+        retention_check_interval_ms=settings.retention_check_interval_ms,
+    )
+
+
+def create_fastapi(settings: Settings) -> FastAPI:
+    """The FastAPI app alone (also used to render the OpenAPI document without a broker)."""
+    app = FastAPIOffline(
+        title="Logbus",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=_lifespan,
+    )
+    app.state.settings = settings
+    errors.install(app)
+    app.include_router(topics.router)
+    app.include_router(records.router)
+    app.include_router(cluster.router)
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    broker = Broker(broker_config(settings))
+    await broker.start()
+    state = AppState(settings=settings, broker=broker, metrics=Metrics(broker))
+    app.state.logbus = state
+    fast: FastPath | None = getattr(app.state, "fast_path", None)
+    if fast is not None:
+        fast.state = state
+    try:
+        yield
+    finally:
+        if fast is not None:
+            fast.state = None
+        await broker.close()
+
+
+def create_app(settings: Settings | None = None) -> FastPath:
+    """The whole ASGI app: :class:`FastPath` in front of the FastAPI app."""
+    settings = settings or Settings()
+    app = create_fastapi(settings)
+    fast = FastPath(app)
+    app.state.fast_path = fast
+    return fast

@@ -1,0 +1,79 @@
+"""Prometheus metrics of one broker: requests, bytes and records in/out, latency, offsets.
+
+Each app gets its own registry (several brokers can run in one test process). Per-partition
+offsets are collected at scrape time from the logs, so the hot path never updates them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cluster.broker import Broker
+
+LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
+
+
+class _PartitionCollector(Collector):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["topic", "partition"]
+        leo = GaugeMetricFamily("logbus_partition_log_end_offset", "Log end offset", labels=labels)
+        hw = GaugeMetricFamily("logbus_partition_high_watermark", "High watermark", labels=labels)
+        lso = GaugeMetricFamily(
+            "logbus_partition_log_start_offset", "Log start offset", labels=labels
+        )
+        size = GaugeMetricFamily("logbus_partition_size_bytes", "Bytes on disk", labels=labels)
+        for p in self.broker.logs.partitions():
+            key = [p.topic, str(p.partition)]
+            leo.add_metric(key, p.log_end_offset)
+            hw.add_metric(key, p.high_watermark)
+            lso.add_metric(key, p.log_start_offset)
+            size.add_metric(key, p.log.size_bytes)
+        yield from (leo, hw, lso, size)
+
+
+class Metrics:
+    def __init__(self, broker: Broker) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "logbus_http_requests", "HTTP requests", ["route", "method", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "logbus_http_request_duration_seconds",
+            "Time to answer",
+            ["route"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.bytes_in = Counter("logbus_bytes_in", "Bytes produced", ["topic"], registry=r)
+        self.bytes_out = Counter("logbus_bytes_out", "Bytes fetched", ["topic"], registry=r)
+        self.records_in = Counter("logbus_records_in", "Records produced", ["topic"], registry=r)
+        self.records_out = Counter("logbus_records_out", "Records fetched", ["topic"], registry=r)
+        r.register(_PartitionCollector(broker))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,316 @@
+"""Produce and fetch, independent of the web framework.
+
+Both the lean ASGI route (:mod:`api.fastpath`) and the FastAPI routes that document them
+(:mod:`api.routes.records`) call these functions, so there is one implementation.
+
+Produce: the body is parsed and validated whole — JSON, NDJSON (parsed line by line as it
+streams in, so the raw body is never held with its parsed form) or binary batches — and turned
+into one or more batches per partition *before* anything is appended, so bad input changes
+nothing. Then each partition gets one append call (its batches back to back) and the reply
+lists offsets in request order.
+
+Fetch: read whole batches from the offset; if fewer than ``min_bytes`` are there, wait on the
+partition's high-watermark event (never a sleep loop) until ``wait_ms`` passes, then answer as
+JSON, NDJSON or raw batches. Every answer carries the next offset and the high watermark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from cluster.broker import Acks, Broker
+from core_log.batch import (
+    HEADER_BYTES,
+    Record,
+    build_batch,
+    decode_records,
+    scan_batches,
+)
+from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
+
+from .problems import bad_request, payload_too_large, unsupported_media_type
+from .records_codec import parse_json_body, parse_record, record_to_json, too_many_records
+from .settings import Settings
+
+JSON = "application/json"
+NDJSON = "application/x-ndjson"
+BATCH = "application/vnd.logbus.batch"
+PRODUCE_TYPES = [JSON, NDJSON, BATCH]
+FETCH_TYPES = [JSON, NDJSON, BATCH]
+
+# Target size of a batch built from JSON records: large enough to amortise per-batch work,
+# below Kafka's default max.message.bytes (1 MiB) so default topics accept it.
+TARGET_BATCH_BYTES = 512 * 1024
+RECORD_OVERHEAD_BYTES = 24  # varints and attributes of one record, upper estimate
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes | AsyncIterator[bytes]
+    content_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+    records: int = 0  # records produced or fetched, for metrics
+    size_bytes: int = 0  # payload bytes produced or fetched, for metrics
+
+
+Body = AsyncIterator[bytes]
+
+
+async def read_body(chunks: Body, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise payload_too_large(limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def media_type(raw: str | None) -> str:
+    return (raw or "").split(";", 1)[0].strip().lower()
+
+
+# -- produce -----------------------------------------------------------------------------------
+
+
+async def produce(
+    broker: Broker,
+    settings: Settings,
+    topic: str,
+    partition: int | None,
+    query: Mapping[str, str],
+    content_type: str | None,
+    body: Body,
+) -> Reply:
+    acks = Acks.parse(query.get("acks"))
+    kind = media_type(content_type) or JSON
+    meta = broker.topic(topic)  # 404 before reading the body
+    if partition is not None:
+        broker.partition(topic, partition)
+    if kind == BATCH:
+        if partition is None:
+            raise bad_request(
+                "binary batches are appended as they are: send them to "
+                "/v1/topics/{topic}/partitions/{partition}/records"
+            )
+        data = await read_body(body, settings.max_request_bytes)
+        if not data:
+            raise bad_request("empty body")
+        result = await broker.append(topic, partition, data, acks)
+        offsets = [{"partition": partition, "offset": result.base_offset}]
+        return _produce_reply(acks, offsets, result.records, len(data))
+    now = broker.clock.now_ms()
+    if kind == JSON:
+        raw = await read_body(body, settings.max_request_bytes)
+        parsed = parse_json_body(raw, settings.max_records_per_request, now)
+    elif kind == NDJSON:
+        parsed = await _parse_ndjson(body, settings, now)
+    else:
+        raise unsupported_media_type(kind, PRODUCE_TYPES)
+    sticky = broker.sticky.next_partition(meta.partitions)
+    groups: dict[int, list[int]] = {}
+    records: list[Record] = []
+    for i, (explicit, record) in enumerate(parsed):
+        if partition is not None:
+            p = partition
+        elif explicit is not None:
+            p = explicit
+            broker.partition(topic, p)
+        else:
+            p = broker.partition_for(topic, record.key, sticky)
+        groups.setdefault(p, []).append(i)
+        records.append(record)
+    max_message_bytes = broker.log_config(topic).max_message_bytes
+    payloads = {
+        p: _build_batches([records[i] for i in idx], max_message_bytes) for p, idx in groups.items()
+    }
+    results = await asyncio.gather(
+        *(broker.append(topic, p, data, acks) for p, data in payloads.items())
+    )
+    offsets: list[dict[str, int]] = [{}] * len(records)
+    for (p, idx), result in zip(groups.items(), results, strict=True):
+        for j, i in enumerate(idx):
+            offsets[i] = {"partition": p, "offset": result.base_offset + j}
+    return _produce_reply(acks, offsets, len(records), sum(map(len, payloads.values())))
+
+
+def _produce_reply(acks: Acks, offsets: list[dict[str, int]], count: int, size: int) -> Reply:
+    if acks is Acks.NONE:
+        return Reply(
+            202, b"{}", headers={"Logbus-Record-Count": str(count)}, records=count, size_bytes=size
+        )
+    return Reply(200, orjson.dumps({"offsets": offsets}), records=count, size_bytes=size)
+
+
+def _build_batches(records: list[Record], max_message_bytes: int) -> bytes:
+    """Records → batches of about TARGET_BATCH_BYTES, back to back; checked against the limit."""
+    target = min(TARGET_BATCH_BYTES, max_message_bytes - HEADER_BYTES)
+    out: list[bytes] = []
+    start = 0
+    size = 0
+    for i, r in enumerate(records):
+        est = RECORD_OVERHEAD_BYTES + len(r.value or b"") + len(r.key or b"")
+        if r.headers:
+            est += sum(len(k) + len(v or b"") + 8 for k, v in r.headers)
+        if i > start and size + est > target:
+            out.append(build_batch(records[start:i]))
+            start, size = i, 0
+        size += est
+    out.append(build_batch(records[start:]))
+    for batch in out:
+        if len(batch) > max_message_bytes:
+            raise RecordTooLargeError(
+                f"a record needs a batch of {len(batch)} bytes, over the topic's "
+                f"max.message.bytes {max_message_bytes}",
+                max_message_bytes=max_message_bytes,
+            )
+    return b"".join(out)
+
+
+async def _parse_ndjson(
+    body: Body, settings: Settings, now: int
+) -> list[tuple[int | None, Record]]:
+    out: list[tuple[int | None, Record]] = []
+    pending = b""
+    size = 0
+    line_no = 0
+
+    def take(line: bytes) -> None:
+        nonlocal line_no
+        line_no += 1
+        if not line.strip():
+            return
+        if len(out) >= settings.max_records_per_request:
+            raise too_many_records(settings.max_records_per_request)
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            raise bad_request(f"line {line_no}: malformed JSON: {e}") from None
+        out.append(parse_record(obj, f"line {line_no}", now))
+
+    async for chunk in body:
+        size += len(chunk)
+        if size > settings.max_request_bytes:
+            raise payload_too_large(settings.max_request_bytes)
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            take(line)
+    take(pending)
+    if not out:
+        raise bad_request("no records in the request")
+    return out
+
+
+# -- fetch -------------------------------------------------------------------------------------
+
+
+def _int_param(
+    query: Mapping[str, str], name: str, default: int | None, low: int, high: int
+) -> int:
+    raw = query.get(name)
+    if raw is None:
+        if default is None:
+            raise bad_request(f"query parameter {name!r} is required")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request(f"{name} must be an integer") from None
+    if not low <= value <= high:
+        raise bad_request(f"{name} must be between {low} and {high}")
+    return value
+
+
+def negotiate(accept: str | None) -> str:
+    if not accept:
+        return JSON
+    for part in accept.split(","):
+        kind = media_type(part)
+        if kind in FETCH_TYPES:
+            return kind
+        if kind in ("*/*", "application/*"):
+            return JSON
+    raise LogbusError(
+        f"cannot answer in {accept!r}; acceptable: {', '.join(FETCH_TYPES)}",
+        code=ErrorCode.NOT_ACCEPTABLE,
+    )
+
+
+async def fetch(
+    broker: Broker,
+    settings: Settings,
+    topic: str,
+    partition: int,
+    query: Mapping[str, str],
+    accept: str | None,
+) -> Reply:
+    kind = negotiate(accept)
+    offset = _int_param(query, "offset", None, 0, 2**63 - 1)
+    max_bytes = _int_param(
+        query, "max_bytes", settings.default_fetch_bytes, 1, settings.max_fetch_bytes
+    )
+    max_records = _int_param(
+        query, "max_records", settings.default_fetch_records, 1, settings.max_fetch_records
+    )
+    min_bytes = _int_param(query, "min_bytes", 1, 0, settings.max_fetch_bytes)
+    wait_ms = _int_param(query, "wait_ms", 0, 0, settings.max_wait_ms)
+    isolation = query.get("isolation", "read_uncommitted")
+    if isolation not in ("read_uncommitted", "read_committed"):
+        raise bad_request("isolation must be read_uncommitted or read_committed")
+    p = broker.partition(topic, partition)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_ms / 1000
+    while True:
+        result = await p.read(offset, max_bytes)
+        remaining = deadline - loop.time()
+        if len(result.data) >= min_bytes or remaining <= 0:
+            break
+        if not await p.wait_for(max(offset, result.high_watermark), remaining):
+            result = await p.read(offset, max_bytes)
+            break
+    hw = result.high_watermark
+    if kind == BATCH:
+        next_offset = result.next_offset if result.data else offset
+        count = sum(h.record_count for _, h in scan_batches(result.data))
+        headers = _position_headers(next_offset, hw, result)
+        return Reply(200, result.data, BATCH, headers, count, len(result.data))
+    records = [r for r in _decode(result.data) if r.offset >= offset][:max_records]
+    next_offset = records[-1].offset + 1 if records else offset
+    if records and len(records) < max_records:
+        next_offset = max(next_offset, result.next_offset)
+    headers = _position_headers(next_offset, hw, result)
+    if kind == NDJSON:
+        body = b"".join(orjson.dumps(record_to_json(r)) + b"\n" for r in records)
+        return Reply(200, body, NDJSON, headers, len(records), len(result.data))
+    doc = {
+        "records": [record_to_json(r) for r in records],
+        "next_offset": next_offset,
+        "high_watermark": hw,
+        "log_start_offset": result.log_start_offset,
+        "lag": max(0, hw - next_offset),
+    }
+    return Reply(200, orjson.dumps(doc), JSON, headers, len(records), len(result.data))
+
+
+def _decode(data: bytes) -> list[Record]:
+    out: list[Record] = []
+    for pos, _h in scan_batches(data):
+        out.extend(decode_records(data, pos))
+    return out
+
+
+def _position_headers(next_offset: int, hw: int, result: Any) -> dict[str, str]:
+    return {
+        "Logbus-Next-Offset": str(next_offset),
+        "Logbus-High-Watermark": str(hw),
+        "Logbus-Log-Start-Offset": str(result.log_start_offset),
+        "Logbus-Lag": str(max(0, hw - next_offset)),
+    }

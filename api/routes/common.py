@@ -1,0 +1,32 @@
+"""Shared OpenAPI fragments: documented error responses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..problems import PROBLEM_JSON
+from ..schemas import Problem
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """Document each status as a problem+json answer."""
+    descriptions = {
+        400: "Invalid request (INVALID_REQUEST, INVALID_TOPIC_EXCEPTION, INVALID_CONFIG, "
+        "CORRUPT_MESSAGE, ...)",
+        404: "Unknown topic or partition (UNKNOWN_TOPIC_OR_PARTITION)",
+        406: "Cannot answer in the Accept type (NOT_ACCEPTABLE)",
+        409: "Conflict (TOPIC_ALREADY_EXISTS, CONCURRENT_UPDATE)",
+        413: "Body or batch too large (PAYLOAD_TOO_LARGE, MESSAGE_TOO_LARGE, "
+        "RECORD_LIST_TOO_LARGE)",
+        415: "Unsupported content type (UNSUPPORTED_MEDIA_TYPE)",
+        416: "Offset out of range (OFFSET_OUT_OF_RANGE), with the valid range",
+        503: "Storage or broker unavailable (KAFKA_STORAGE_ERROR), retriable",
+    }
+    return {
+        s: {
+            "model": Problem,
+            "description": descriptions[s],
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        for s in statuses
+    }

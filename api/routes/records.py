@@ -1,0 +1,174 @@
+"""Produce and fetch as FastAPI routes: they document the lean path and back it up.
+
+With ``fast_path`` on (the default) :class:`api.fastpath.FastPath` answers these paths before
+FastAPI routing; both call :mod:`api.records`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+
+from .. import records
+from ..schemas import FetchResponse, ProduceResponse
+from ..state import StateDep
+from .common import errors
+
+router = APIRouter(prefix="/v1/topics", tags=["records"])
+
+_RECORDS_EXAMPLE = {
+    "records": [
+        {"key": "user-1", "value": {"page": "/home", "ms": 12}},
+        {"key_b64": "AAE=", "value_b64": "aGVsbG8=", "headers": [{"name": "src", "value": "web"}]},
+        {"value": "no key: sticky partition", "partition": 0, "timestamp": 1700000000000},
+    ]
+}
+
+_PRODUCE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            records.JSON: {
+                "schema": {
+                    "type": "object",
+                    "required": ["records"],
+                    "properties": {
+                        "records": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "key": {"type": ["string", "null"]},
+                                    "key_b64": {"type": "string", "format": "byte"},
+                                    "value": {"description": "any JSON; null = tombstone"},
+                                    "value_b64": {"type": "string", "format": "byte"},
+                                    "headers": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "properties": {
+                                                "name": {"type": "string"},
+                                                "value": {"type": ["string", "null"]},
+                                                "value_b64": {"type": "string"},
+                                            },
+                                        },
+                                    },
+                                    "partition": {"type": "integer", "minimum": 0},
+                                    "timestamp": {"type": "integer", "description": "ms"},
+                                },
+                            },
+                        }
+                    },
+                },
+                "example": _RECORDS_EXAMPLE,
+            },
+            records.NDJSON: {
+                "schema": {"type": "string", "description": "one record object per line"},
+                "example": '{"key":"a","value":1}\n{"key":"b","value":2}\n',
+            },
+            records.BATCH: {
+                "schema": {"type": "string", "format": "binary"},
+                "description": "Kafka record batches v2, back to back (partition path only)",
+            },
+        },
+    }
+}
+
+_FETCH_CONTENT: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Records from the offset; headers Logbus-Next-Offset and "
+        "Logbus-High-Watermark give the position",
+        "content": {
+            records.JSON: {"schema": {"$ref": "#/components/schemas/FetchResponse"}},
+            records.NDJSON: {"schema": {"type": "string"}},
+            records.BATCH: {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+Acks = Annotated[
+    str | None,
+    Query(description="0: no wait; 1: written to the log; all (default): durable (fsync)"),
+]
+
+
+async def _reply(reply: records.Reply) -> Response:
+    assert isinstance(reply.body, bytes)
+    return Response(reply.body, reply.status, reply.headers, media_type=reply.content_type)
+
+
+@router.post(
+    "/{topic}/records",
+    summary="Produce records (partition by key hash, explicit, or sticky)",
+    openapi_extra=_PRODUCE_BODY,
+    responses={200: {"model": ProduceResponse}, **errors(400, 404, 413, 415)},
+    response_model=None,
+)
+async def produce_records(
+    topic: str, request: Request, state: StateDep, acks: Acks = None
+) -> Response:
+    reply = await records.produce(
+        state.broker,
+        state.settings,
+        topic,
+        None,
+        request.query_params,
+        request.headers.get("content-type"),
+        request.stream(),
+    )
+    return await _reply(reply)
+
+
+@router.post(
+    "/{topic}/partitions/{partition}/records",
+    summary="Produce records or binary batches to one partition",
+    openapi_extra=_PRODUCE_BODY,
+    responses={200: {"model": ProduceResponse}, **errors(400, 404, 413, 415)},
+    response_model=None,
+)
+async def produce_partition_records(
+    topic: str, partition: int, request: Request, state: StateDep, acks: Acks = None
+) -> Response:
+    reply = await records.produce(
+        state.broker,
+        state.settings,
+        topic,
+        partition,
+        request.query_params,
+        request.headers.get("content-type"),
+        request.stream(),
+    )
+    return await _reply(reply)
+
+
+@router.get(
+    "/{topic}/partitions/{partition}/records",
+    summary="Fetch records from an offset (long-poll with min_bytes/wait_ms)",
+    responses={**_FETCH_CONTENT, **errors(400, 404, 406, 416)},
+    response_model=None,
+)
+async def fetch_records(
+    topic: str,
+    partition: int,
+    request: Request,
+    state: StateDep,
+    offset: Annotated[int, Query(ge=0, description="first offset to return")],
+    max_bytes: Annotated[int | None, Query(ge=1, description="bytes of batches to read")] = None,
+    max_records: Annotated[int | None, Query(ge=1)] = None,
+    min_bytes: Annotated[int | None, Query(ge=0, description="wait until this much")] = None,
+    wait_ms: Annotated[int | None, Query(ge=0, description="long-poll up to this long")] = None,
+    isolation: Annotated[str | None, Query(examples=["read_uncommitted"])] = None,
+) -> Response:
+    reply = await records.fetch(
+        state.broker,
+        state.settings,
+        topic,
+        partition,
+        request.query_params,
+        request.headers.get("accept"),
+    )
+    return await _reply(reply)
+
+
+__all__ = ["FetchResponse", "router"]

@@ -1,0 +1,155 @@
+"""Topics, their configs and partitions: the admin resource."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from cluster.broker import Broker
+from cluster.metadata import TopicMeta
+from core_log.config import LogConfig
+
+from ..problems import bad_request
+from ..schemas import (
+    ConfigsPatch,
+    ConfigsPublic,
+    OffsetPublic,
+    PartitionPublic,
+    PartitionsIncrease,
+    TopicCreate,
+    TopicDetail,
+    TopicList,
+    TopicPublic,
+)
+from ..state import BrokerDep
+from .common import errors
+
+router = APIRouter(prefix="/v1/topics", tags=["topics"])
+
+
+def _public(t: TopicMeta) -> TopicPublic:
+    return TopicPublic(
+        name=t.name,
+        topic_id=t.topic_id,
+        partitions=t.partitions,
+        replication_factor=t.replication_factor,
+        configs=t.configs,
+        created_ms=t.created_ms,
+    )
+
+
+def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
+    out = []
+    for a in t.assignments:
+        p = broker.partition(t.name, a.partition)
+        out.append(
+            PartitionPublic(
+                partition=a.partition,
+                leader=a.leader,
+                leader_epoch=a.leader_epoch,
+                replicas=a.replicas,
+                isr=a.isr,
+                log_start_offset=p.log_start_offset,
+                high_watermark=p.high_watermark,
+                log_end_offset=p.log_end_offset,
+            )
+        )
+    return out
+
+
+@router.post(
+    "",
+    status_code=201,
+    summary="Create a topic",
+    responses=errors(400, 409),
+)
+async def create_topic(body: TopicCreate, broker: BrokerDep, response: Response) -> TopicPublic:
+    t = await broker.create_topic(body.name, body.partitions, body.replication_factor, body.configs)
+    response.headers["Location"] = f"/v1/topics/{t.name}"
+    return _public(t)
+
+
+@router.get("", summary="List topics")
+async def list_topics(broker: BrokerDep) -> TopicList:
+    return TopicList(topics=[_public(t) for t in broker.topics()])
+
+
+@router.get("/{topic}", summary="Describe a topic and its partitions", responses=errors(404))
+async def describe_topic(topic: str, broker: BrokerDep) -> TopicDetail:
+    t = broker.topic(topic)
+    return TopicDetail(**_public(t).model_dump(), partition_details=_partitions(broker, t))
+
+
+@router.delete(
+    "/{topic}", status_code=204, summary="Delete a topic and its data", responses=errors(404)
+)
+async def delete_topic(topic: str, broker: BrokerDep) -> Response:
+    await broker.delete_topic(topic)
+    return Response(status_code=204)
+
+
+@router.get("/{topic}/configs", summary="Effective configs of a topic", responses=errors(404))
+async def get_configs(topic: str, broker: BrokerDep) -> ConfigsPublic:
+    t = broker.topic(topic)
+    return ConfigsPublic(
+        topic=topic, configs=LogConfig.from_dict(t.configs).to_dict(), overrides=t.configs
+    )
+
+
+@router.patch(
+    "/{topic}/configs",
+    summary="Change topic configs at runtime (no restart)",
+    responses=errors(400, 404, 409),
+)
+async def patch_configs(topic: str, body: ConfigsPatch, broker: BrokerDep) -> ConfigsPublic:
+    t = await broker.alter_configs(topic, dict(body.configs))
+    return ConfigsPublic(
+        topic=topic, configs=LogConfig.from_dict(t.configs).to_dict(), overrides=t.configs
+    )
+
+
+@router.post(
+    "/{topic}/partitions",
+    summary="Increase the number of partitions",
+    responses=errors(400, 404, 409),
+)
+async def add_partitions(topic: str, body: PartitionsIncrease, broker: BrokerDep) -> TopicDetail:
+    t = await broker.add_partitions(topic, body.count)
+    return TopicDetail(**_public(t).model_dump(), partition_details=_partitions(broker, t))
+
+
+@router.get(
+    "/{topic}/partitions",
+    summary="Partitions: leader, replicas, ISR, log start, high watermark, log end",
+    responses=errors(404),
+)
+async def list_partitions(topic: str, broker: BrokerDep) -> list[PartitionPublic]:
+    return _partitions(broker, broker.topic(topic))
+
+
+@router.get(
+    "/{topic}/partitions/{partition}/offsets",
+    summary="Look up an offset: earliest, latest, or the first at/after a timestamp (ms)",
+    responses=errors(400, 404),
+)
+async def get_offset(
+    topic: str,
+    partition: int,
+    broker: BrokerDep,
+    at: Annotated[str, Query(examples=["earliest", "latest", "1700000000000"])] = "latest",
+) -> OffsetPublic:
+    p = broker.partition(topic, partition)
+    offset: int | None
+    if at == "earliest":
+        offset = p.log_start_offset
+    elif at == "latest":
+        offset = p.high_watermark
+    else:
+        try:
+            ts = int(at)
+        except ValueError:
+            raise bad_request("at must be earliest, latest or a timestamp in ms") from None
+        found = p.log.offset_for_timestamp(ts)
+        offset = found if found is not None and found < p.high_watermark else None
+    return OffsetPublic(topic=topic, partition=partition, at=at, offset=offset)

@@ -1,0 +1,134 @@
+"""Request and response models of the admin API (one family per resource).
+
+The record paths do not use these for parsing (see :mod:`api.records_codec`); their models here
+only describe the bodies in the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ConfigValue = str | int | float | bool
+
+
+class TopicCreate(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"name": "orders", "partitions": 3, "configs": {"retention.ms": 86400000}}]
+        },
+    )
+    name: str = Field(description="1..249 of [a-zA-Z0-9._-], not '.' or '..'")
+    partitions: int = Field(1, ge=1, le=10_000)
+    replication_factor: int = Field(1, ge=1, le=16)
+    configs: dict[str, ConfigValue] = Field(default_factory=dict, max_length=100)
+
+
+class PartitionPublic(BaseModel):
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+
+
+class TopicPublic(BaseModel):
+    name: str
+    topic_id: str
+    partitions: int
+    replication_factor: int
+    configs: dict[str, Any] = Field(description="non-default configs")
+    created_ms: int
+
+
+class TopicDetail(TopicPublic):
+    partition_details: list[PartitionPublic]
+
+
+class TopicList(BaseModel):
+    topics: list[TopicPublic]
+
+
+class ConfigsPublic(BaseModel):
+    topic: str
+    configs: dict[str, Any] = Field(description="every effective config")
+    overrides: dict[str, Any] = Field(description="configs set on this topic")
+
+
+class ConfigsPatch(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"configs": {"retention.ms": 3600000, "segment.bytes": None}}]
+        },
+    )
+    configs: dict[str, ConfigValue | None] = Field(
+        max_length=100, description="new values; null resets a key to its default"
+    )
+
+
+class PartitionsIncrease(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"count": 6}]})
+    count: int = Field(ge=1, le=10_000, description="the new total number of partitions")
+
+
+class OffsetPublic(BaseModel):
+    topic: str
+    partition: int
+    at: str
+    offset: int | None = Field(description="null when no record is at or after the timestamp")
+
+
+class BrokerPublic(BaseModel):
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None
+
+
+class ClusterPublic(BaseModel):
+    controller: int
+    brokers: list[BrokerPublic]
+
+
+class Problem(BaseModel):
+    """An error (RFC 9457) with a stable Kafka-style code."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    code: str
+    retriable: bool
+    detail: str
+
+
+class ProduceOffset(BaseModel):
+    partition: int
+    offset: int
+
+
+class ProduceResponse(BaseModel):
+    offsets: list[ProduceOffset]
+
+
+class RecordPublic(BaseModel):
+    offset: int
+    timestamp: int
+    key: str | None = None
+    key_b64: str | None = None
+    value: Any = None
+    value_b64: str | None = None
+    headers: list[dict[str, Any]] = []
+
+
+class FetchResponse(BaseModel):
+    records: list[RecordPublic]
+    next_offset: int
+    high_watermark: int
+    log_start_offset: int
+    lag: int

@@ -1,0 +1,42 @@
+"""Broker settings: command-line flags override ``LOGBUS_*`` environment variables."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LOGBUS_")
+
+    data_dir: Path = Path("./logbus-data")
+    host: str = "127.0.0.1"
+    port: int = 8080
+    broker_id: int = 1
+    rack: str | None = None
+    metadata_url: str | None = None  # default: sqlite:///{data_dir}/metadata.db
+    insecure: bool = False  # allow a non-loopback bind without authentication
+
+    # Limits (every body, list and wait has one).
+    max_request_bytes: int = 64 * 1024 * 1024
+    max_records_per_request: int = 100_000
+    max_fetch_bytes: int = 64 * 1024 * 1024
+    default_fetch_bytes: int = 1024 * 1024
+    max_fetch_records: int = 100_000
+    default_fetch_records: int = 10_000
+    max_wait_ms: int = 60_000
+    max_open_handles: int = 1024
+    retention_check_interval_ms: int = 300_000
+
+    fast_path: bool = True  # serve produce/fetch from the lean ASGI route
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False

@@ -1,0 +1,33 @@
+"""What every route needs, hung on ``app.state.logbus``; FastAPI dependencies for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from cluster.broker import Broker
+
+from .metrics import Metrics
+from .settings import Settings
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    broker: Broker
+    metrics: Metrics
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.logbus
+    return state
+
+
+def get_broker(request: Request) -> Broker:
+    return get_state(request).broker
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+BrokerDep = Annotated[Broker, Depends(get_broker)]

@@ -1,0 +1,262 @@
+"""A broker: the metadata store and the local logs, kept consistent.
+
+Theory of operation
+-------------------
+* The metadata store decides; the logs follow. Creating a topic commits its row first and then
+  creates the partition logs; deleting removes the row first and then the logs. At start the
+  broker reconciles: logs missing for a known partition are created, logs with no topic row are
+  deleted — so a crash between the two steps heals itself.
+* A single broker leads every partition at leader epoch 0, its ISR is itself, and the high
+  watermark follows the log end once an append is as durable as ``acks`` asks:
+  ``acks=all`` waits for an fsync (group-committed with every concurrent append),
+  ``acks=1`` for the write to the log (page cache: survives a process crash, not a power cut),
+  ``acks=0`` answers without waiting for anything but validation and the write.
+* Topic configs live in the store; a change is applied to the open logs at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core_log.clock import Clock, SystemClock
+from core_log.config import LogConfig
+from core_log.errors import (
+    ErrorCode,
+    InvalidConfigError,
+    LogbusError,
+    UnknownTopicOrPartitionError,
+)
+from core_log.log import AppendResult, ReadResult
+from core_log.manager import LogManager, Partition, validate_topic_name
+
+from .metadata import BrokerMeta, MetadataStore, PartitionMeta, TopicMeta
+from .partitioner import StickyPartitioner, partition_for_key
+
+MAX_PARTITIONS_PER_TOPIC = 10_000
+BROKER_LEASE_MS = 30_000
+
+
+class Acks(enum.Enum):
+    NONE = "0"
+    LEADER = "1"
+    ALL = "all"
+
+    @classmethod
+    def parse(cls, raw: str | None) -> Acks:
+        if raw is None:
+            return cls.ALL
+        if raw == "-1":
+            return cls.ALL
+        try:
+            return cls(raw)
+        except ValueError:
+            raise LogbusError(
+                f"acks must be 0, 1 or all (got {raw!r})", code=ErrorCode.INVALID_REQUIRED_ACKS
+            ) from None
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    data_dir: Path
+    broker_id: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8080
+    rack: str | None = None
+    metadata_url: str | None = None  # default: SQLite in the data directory
+    max_open_handles: int = 1024
+    retention_check_interval_ms: int = 300_000
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, *, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.data_dir = config.data_dir
+        self.metadata: MetadataStore | None = None
+        self._topics: dict[str, TopicMeta] = {}
+        self.logs = LogManager(
+            config.data_dir,
+            clock=self.clock,
+            config_for=self.log_config,
+            max_open_handles=config.max_open_handles,
+            retention_check_interval_ms=config.retention_check_interval_ms,
+        )
+        self.sticky = StickyPartitioner()
+        self._admin_lock = asyncio.Lock()
+        self.ready = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        url = self.config.metadata_url or f"sqlite:///{self.data_dir / 'metadata.db'}"
+        self.metadata = await asyncio.to_thread(MetadataStore, url)
+        await asyncio.to_thread(
+            self.metadata.register_broker,
+            BrokerMeta(self.config.broker_id, self.config.host, self.config.port, self.config.rack),
+            self.clock.now_ms() + BROKER_LEASE_MS,
+        )
+        self._topics = {t.name: t for t in await asyncio.to_thread(self.metadata.topics)}
+        await self.logs.start()
+        await self._reconcile()
+        self.ready = True
+
+    async def _reconcile(self) -> None:
+        on_disk = self.logs.topics()
+        for name, topic in self._topics.items():
+            have = set(on_disk.get(name, []))
+            for p in range(topic.partitions):
+                if p not in have:
+                    await self.logs.create(name, p, self.log_config(name))
+        for name, partitions in on_disk.items():
+            count = self._topics[name].partitions if name in self._topics else 0
+            for p in partitions:
+                if p >= count:
+                    await self.logs.delete(name, p)
+
+    async def close(self) -> None:
+        self.ready = False
+        await self.logs.close()
+        if self.metadata is not None:
+            self.metadata.close()
+
+    @property
+    def store(self) -> MetadataStore:
+        assert self.metadata is not None, "broker not started"
+        return self.metadata
+
+    # -- topics ----------------------------------------------------------------------------------
+
+    def log_config(self, topic: str) -> LogConfig:
+        meta = self._topics.get(topic)
+        return LogConfig.from_dict(meta.configs) if meta else LogConfig()
+
+    def topics(self) -> list[TopicMeta]:
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def topic(self, name: str) -> TopicMeta:
+        try:
+            return self._topics[name]
+        except KeyError:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}", topic=name) from None
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        replication_factor: int = 1,
+        configs: dict[str, Any] | None = None,
+    ) -> TopicMeta:
+        validate_topic_name(name)
+        _check_partition_count(partitions)
+        if replication_factor != 1:
+            raise LogbusError(
+                f"replication factor {replication_factor} is larger than the 1 available broker",
+                code=ErrorCode.INVALID_REPLICATION_FACTOR,
+            )
+        log_config = LogConfig.from_dict(configs or {})
+        me = self.config.broker_id
+        meta = TopicMeta(
+            name=name,
+            topic_id=uuid.uuid4().hex,
+            partitions=partitions,
+            replication_factor=replication_factor,
+            configs=log_config.overrides(),
+            created_ms=self.clock.now_ms(),
+            version=0,
+            assignments=[PartitionMeta(name, p, [me], [me], me, 0, 0) for p in range(partitions)],
+        )
+        async with self._admin_lock:
+            await asyncio.to_thread(self.store.create_topic, meta)
+            self._topics[name] = meta
+            for p in range(partitions):
+                await self.logs.create(name, p, log_config)
+        return meta
+
+    async def delete_topic(self, name: str) -> None:
+        async with self._admin_lock:
+            topic = self.topic(name)
+            await asyncio.to_thread(self.store.delete_topic, name)
+            del self._topics[name]
+            for p in range(topic.partitions):
+                await self.logs.delete(name, p)
+
+    async def alter_configs(self, name: str, changes: dict[str, Any]) -> TopicMeta:
+        """Set keys to new values; a ``None`` value resets the key to its default."""
+        async with self._admin_lock:
+            topic = self.topic(name)
+            merged = {k: v for k, v in topic.configs.items() if k not in changes}
+            merged.update({k: v for k, v in changes.items() if v is not None})
+            for key in changes:  # reject unknown keys even when resetting
+                LogConfig.from_dict({key: changes[key]} if changes[key] is not None else {})
+            log_config = LogConfig.from_dict(merged)
+            updated = await asyncio.to_thread(
+                self.store.update_topic, name, topic.version, configs=log_config.overrides()
+            )
+            self._topics[name] = updated
+            self.logs.update_config(name, log_config)
+            return updated
+
+    async def add_partitions(self, name: str, total: int) -> TopicMeta:
+        async with self._admin_lock:
+            topic = self.topic(name)
+            _check_partition_count(total)
+            if total <= topic.partitions:
+                raise LogbusError(
+                    f"topic {name!r} has {topic.partitions} partitions; the new count must be "
+                    f"larger (partitions can only be added)",
+                    code=ErrorCode.INVALID_PARTITIONS,
+                )
+            me = self.config.broker_id
+            new = [
+                PartitionMeta(name, p, [me], [me], me, 0, 0) for p in range(topic.partitions, total)
+            ]
+            updated = await asyncio.to_thread(
+                self.store.update_topic, name, topic.version, add_partitions=new
+            )
+            self._topics[name] = updated
+            for p in new:
+                await self.logs.create(name, p.partition, self.log_config(name))
+            return updated
+
+    # -- records ---------------------------------------------------------------------------------
+
+    def partition(self, topic: str, partition: int) -> Partition:
+        meta = self.topic(topic)
+        if not 0 <= partition < meta.partitions:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has no partition {partition}", topic=topic, partition=partition
+            )
+        return self.logs.get(topic, partition)
+
+    def partition_for(self, topic: str, key: bytes | None, sticky: int) -> int:
+        """Kafka's choice: murmur2 of the key, or the request's sticky partition."""
+        count = self.topic(topic).partitions
+        if key is None:
+            return sticky % count
+        return partition_for_key(key, count)
+
+    async def append(
+        self, topic: str, partition: int, data: bytes | memoryview, acks: Acks
+    ) -> AppendResult:
+        p = self.partition(topic, partition)
+        return await p.append(data, leader_epoch=0, durable=acks is Acks.ALL)
+
+    async def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> ReadResult:
+        return await self.partition(topic, partition).read(offset, max_bytes)
+
+
+def _check_partition_count(partitions: int) -> None:
+    if not 1 <= partitions <= MAX_PARTITIONS_PER_TOPIC:
+        raise LogbusError(
+            f"partitions must be between 1 and {MAX_PARTITIONS_PER_TOPIC}",
+            code=ErrorCode.INVALID_PARTITIONS,
+        )
+
+
+__all__ = ["Acks", "Broker", "BrokerConfig", "InvalidConfigError"]

@@ -1,0 +1,264 @@
+"""The metadata store: topics, their configs and partition assignments, in SQL.
+
+The embedded default is a SQLite file in the data directory; a cluster points every broker at
+one PostgreSQL database (same schema, same code). The store is the single source of truth for
+metadata: every change is one transaction, and rows that can be changed concurrently carry a
+``version`` column updated by compare-and-set (``UPDATE … WHERE version = :seen``), so a stale
+writer cannot overwrite a newer decision.
+
+Calls are synchronous (SQLAlchemy Core); async callers run them in a worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from core_log.errors import (
+    ErrorCode,
+    LogbusError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+
+metadata_obj = sa.MetaData()
+
+topics_table = sa.Table(
+    "topics",
+    metadata_obj,
+    sa.Column("name", sa.String(249), primary_key=True),
+    sa.Column("topic_id", sa.String(32), nullable=False),
+    sa.Column("partitions", sa.Integer, nullable=False),
+    sa.Column("replication_factor", sa.Integer, nullable=False),
+    sa.Column("configs", sa.JSON, nullable=False),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+)
+
+partitions_table = sa.Table(
+    "partitions",
+    metadata_obj,
+    sa.Column("topic", sa.String(249), primary_key=True),
+    sa.Column("partition", sa.Integer, primary_key=True),
+    sa.Column("replicas", sa.JSON, nullable=False),
+    sa.Column("isr", sa.JSON, nullable=False),
+    sa.Column("leader", sa.Integer, nullable=False),
+    sa.Column("leader_epoch", sa.Integer, nullable=False),
+    sa.Column("partition_epoch", sa.Integer, nullable=False),
+)
+
+brokers_table = sa.Table(
+    "brokers",
+    metadata_obj,
+    sa.Column("broker_id", sa.Integer, primary_key=True),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("port", sa.Integer, nullable=False),
+    sa.Column("rack", sa.String(255), nullable=True),
+    sa.Column("lease_expires_ms", sa.BigInteger, nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class PartitionMeta:
+    topic: str
+    partition: int
+    replicas: list[int]
+    isr: list[int]
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+
+
+@dataclass(frozen=True)
+class TopicMeta:
+    name: str
+    topic_id: str
+    partitions: int
+    replication_factor: int
+    configs: dict[str, Any]
+    created_ms: int
+    version: int
+    assignments: list[PartitionMeta] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BrokerMeta:
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None
+
+
+class ConcurrentUpdateError(LogbusError):
+    """A compare-and-set lost: somebody changed the row since it was read (retriable)."""
+
+    code = ErrorCode.CONCURRENT_UPDATE
+
+
+class MetadataStore:
+    def __init__(self, url: str) -> None:
+        kwargs: dict[str, Any] = {}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        self.engine = sa.create_engine(url, **kwargs)
+        if url.startswith("sqlite"):
+            sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+        metadata_obj.create_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- brokers -----------------------------------------------------------------------------------
+
+    def register_broker(self, broker: BrokerMeta, lease_expires_ms: int) -> None:
+        row = {
+            "host": broker.host,
+            "port": broker.port,
+            "rack": broker.rack,
+            "lease_expires_ms": lease_expires_ms,
+        }
+        with self.engine.begin() as c:
+            updated = c.execute(
+                brokers_table.update()
+                .where(brokers_table.c.broker_id == broker.broker_id)
+                .values(**row)
+            ).rowcount
+            if not updated:
+                c.execute(brokers_table.insert().values(broker_id=broker.broker_id, **row))
+
+    def brokers(self) -> list[BrokerMeta]:
+        with self.engine.connect() as c:
+            rows = c.execute(sa.select(brokers_table).order_by(brokers_table.c.broker_id))
+            return [BrokerMeta(r.broker_id, r.host, r.port, r.rack) for r in rows]
+
+    # -- topics ------------------------------------------------------------------------------------
+
+    def create_topic(self, topic: TopicMeta) -> TopicMeta:
+        try:
+            with self.engine.begin() as c:
+                c.execute(
+                    topics_table.insert().values(
+                        name=topic.name,
+                        topic_id=topic.topic_id,
+                        partitions=topic.partitions,
+                        replication_factor=topic.replication_factor,
+                        configs=topic.configs,
+                        created_ms=topic.created_ms,
+                        version=topic.version,
+                    )
+                )
+                if topic.assignments:
+                    c.execute(
+                        partitions_table.insert(), [_partition_row(p) for p in topic.assignments]
+                    )
+        except IntegrityError:
+            raise TopicAlreadyExistsError(f"topic {topic.name!r} already exists") from None
+        return topic
+
+    def topics(self) -> list[TopicMeta]:
+        with self.engine.connect() as c:
+            rows = c.execute(sa.select(topics_table).order_by(topics_table.c.name)).all()
+            parts = c.execute(
+                sa.select(partitions_table).order_by(
+                    partitions_table.c.topic, partitions_table.c.partition
+                )
+            ).all()
+        by_topic: dict[str, list[PartitionMeta]] = {}
+        for p in parts:
+            by_topic.setdefault(p.topic, []).append(_partition_meta(p))
+        return [_topic_meta(r, by_topic.get(r.name, [])) for r in rows]
+
+    def topic(self, name: str) -> TopicMeta:
+        with self.engine.connect() as c:
+            row = c.execute(sa.select(topics_table).where(topics_table.c.name == name)).first()
+            if row is None:
+                raise UnknownTopicOrPartitionError(f"unknown topic {name!r}", topic=name)
+            parts = c.execute(
+                sa.select(partitions_table)
+                .where(partitions_table.c.topic == name)
+                .order_by(partitions_table.c.partition)
+            ).all()
+        return _topic_meta(row, [_partition_meta(p) for p in parts])
+
+    def delete_topic(self, name: str) -> None:
+        with self.engine.begin() as c:
+            deleted = c.execute(topics_table.delete().where(topics_table.c.name == name)).rowcount
+            if not deleted:
+                raise UnknownTopicOrPartitionError(f"unknown topic {name!r}", topic=name)
+            c.execute(partitions_table.delete().where(partitions_table.c.topic == name))
+
+    def update_topic(
+        self,
+        name: str,
+        seen_version: int,
+        *,
+        configs: dict[str, Any] | None = None,
+        add_partitions: list[PartitionMeta] | None = None,
+    ) -> TopicMeta:
+        """Compare-and-set on the topic's version; raise ConcurrentUpdateError if it moved."""
+        values: dict[str, Any] = {"version": seen_version + 1}
+        if configs is not None:
+            values["configs"] = configs
+        with self.engine.begin() as c:
+            if add_partitions:
+                count = c.execute(
+                    sa.select(topics_table.c.partitions).where(topics_table.c.name == name)
+                ).scalar_one()
+                values["partitions"] = count + len(add_partitions)
+            updated = c.execute(
+                topics_table.update()
+                .where(topics_table.c.name == name, topics_table.c.version == seen_version)
+                .values(**values)
+            ).rowcount
+            if not updated:
+                raise ConcurrentUpdateError(f"topic {name!r} changed concurrently; retry")
+            if add_partitions:
+                c.execute(partitions_table.insert(), [_partition_row(p) for p in add_partitions])
+        return self.topic(name)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=FULL")
+    cur.close()
+
+
+def _partition_row(p: PartitionMeta) -> dict[str, Any]:
+    return {
+        "topic": p.topic,
+        "partition": p.partition,
+        "replicas": p.replicas,
+        "isr": p.isr,
+        "leader": p.leader,
+        "leader_epoch": p.leader_epoch,
+        "partition_epoch": p.partition_epoch,
+    }
+
+
+def _partition_meta(r: Any) -> PartitionMeta:
+    return PartitionMeta(
+        r.topic,
+        r.partition,
+        list(r.replicas),
+        list(r.isr),
+        r.leader,
+        r.leader_epoch,
+        r.partition_epoch,
+    )
+
+
+def _topic_meta(r: Any, parts: list[PartitionMeta]) -> TopicMeta:
+    return TopicMeta(
+        r.name,
+        r.topic_id,
+        r.partitions,
+        r.replication_factor,
+        dict(r.configs),
+        r.created_ms,
+        r.version,
+        parts,
+    )
