@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from typing import Any
+
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
 
 from cluster.broker import Broker, BrokerConfig
@@ -14,6 +17,9 @@ from . import errors
 from .fastpath import FastPath
 from .metrics import Metrics
 from .routes import cluster, records, topics
+from .problems import PROBLEM_JSON
+from .routes.common import errors as errors_doc
+from .schemas import FetchResponse, Problem
 from .settings import Settings
 from .state import AppState
 
@@ -52,7 +58,33 @@ def create_fastapi(settings: Settings) -> FastAPI:
     app.include_router(topics.router)
     app.include_router(records.router)
     app.include_router(cluster.router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, corrected: validation errors are 400 problem+json here, not 422."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    bad_request = errors_doc(400)[400]
+    bad_request["content"] = {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for ops in schema["paths"].values():
+        for op in ops.values():
+            responses = op.get("responses", {})
+            if responses.pop("422", None) is not None:
+                responses.setdefault("400", {k: v for k, v in bad_request.items() if k != "model"})
+    components = schema.get("components", {}).get("schemas", {})
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    for model in (Problem, FetchResponse):  # referenced by hand in the record routes
+        doc = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(doc.pop("$defs", {}))
+        components[model.__name__] = doc
+    app.openapi_schema = schema
+    return schema
 
 
 @asynccontextmanager

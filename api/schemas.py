@@ -27,6 +27,23 @@ class TopicCreate(BaseModel):
 
 
 class PartitionPublic(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "partition": 0,
+                    "leader": 1,
+                    "leader_epoch": 0,
+                    "replicas": [1],
+                    "isr": [1],
+                    "log_start_offset": 0,
+                    "high_watermark": 42,
+                    "log_end_offset": 42,
+                }
+            ]
+        }
+    )
+
     partition: int
     leader: int
     leader_epoch: int
@@ -38,6 +55,21 @@ class PartitionPublic(BaseModel):
 
 
 class TopicPublic(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "orders",
+                    "topic_id": "5f0c2a7e9b1d4c3e8f6a2b1c0d9e8f7a",
+                    "partitions": 3,
+                    "replication_factor": 1,
+                    "configs": {"retention.ms": 86400000},
+                    "created_ms": 1700000000000,
+                }
+            ]
+        }
+    )
+
     name: str
     topic_id: str
     partitions: int
@@ -47,14 +79,72 @@ class TopicPublic(BaseModel):
 
 
 class TopicDetail(TopicPublic):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "orders",
+                    "topic_id": "5f0c2a7e9b1d4c3e8f6a2b1c0d9e8f7a",
+                    "partitions": 3,
+                    "replication_factor": 1,
+                    "configs": {"retention.ms": 86400000},
+                    "created_ms": 1700000000000,
+                    "partition_details": [
+                        {
+                            "partition": 0,
+                            "leader": 1,
+                            "leader_epoch": 0,
+                            "replicas": [1],
+                            "isr": [1],
+                            "log_start_offset": 0,
+                            "high_watermark": 42,
+                            "log_end_offset": 42,
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
     partition_details: list[PartitionPublic]
 
 
 class TopicList(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "topics": [
+                        {
+                            "name": "orders",
+                            "topic_id": "5f0c2a7e9b1d4c3e8f6a2b1c0d9e8f7a",
+                            "partitions": 3,
+                            "replication_factor": 1,
+                            "configs": {"retention.ms": 86400000},
+                            "created_ms": 1700000000000,
+                        }
+                    ]
+                }
+            ]
+        }
+    )
+
     topics: list[TopicPublic]
 
 
 class ConfigsPublic(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "topic": "orders",
+                    "configs": {"retention.ms": 86400000, "cleanup.policy": "delete"},
+                    "overrides": {"retention.ms": 86400000},
+                }
+            ]
+        }
+    )
+
     topic: str
     configs: dict[str, Any] = Field(description="every effective config")
     overrides: dict[str, Any] = Field(description="configs set on this topic")
@@ -78,6 +168,12 @@ class PartitionsIncrease(BaseModel):
 
 
 class OffsetPublic(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"topic": "orders", "partition": 0, "at": "earliest", "offset": 0}]
+        }
+    )
+
     topic: str
     partition: int
     at: str
@@ -92,12 +188,38 @@ class BrokerPublic(BaseModel):
 
 
 class ClusterPublic(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "controller": 1,
+                    "brokers": [{"broker_id": 1, "host": "127.0.0.1", "port": 8080, "rack": None}],
+                }
+            ]
+        }
+    )
+
     controller: int
     brokers: list[BrokerPublic]
 
 
 class Problem(BaseModel):
     """An error (RFC 9457) with a stable Kafka-style code."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "about:blank",
+                    "title": "OFFSET_OUT_OF_RANGE",
+                    "status": 416,
+                    "code": "OFFSET_OUT_OF_RANGE",
+                    "retriable": False,
+                    "detail": "offset 99 is outside the valid range [0, 42]",
+                }
+            ]
+        }
+    )
 
     type: str = "about:blank"
     title: str
@@ -113,6 +235,14 @@ class ProduceOffset(BaseModel):
 
 
 class ProduceResponse(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"offsets": [{"partition": 1, "offset": 41}, {"partition": 0, "offset": 17}]}
+            ]
+        }
+    )
+
     offsets: list[ProduceOffset]
 
 
@@ -127,6 +257,28 @@ class RecordPublic(BaseModel):
 
 
 class FetchResponse(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "records": [
+                        {
+                            "offset": 41,
+                            "timestamp": 1700000000000,
+                            "key": "user-1",
+                            "value": {"page": "/home"},
+                            "headers": [{"name": "src", "value": "web"}],
+                        }
+                    ],
+                    "next_offset": 42,
+                    "high_watermark": 42,
+                    "log_start_offset": 0,
+                    "lag": 0,
+                }
+            ]
+        }
+    )
+
     records: list[RecordPublic]
     next_offset: int
     high_watermark: int

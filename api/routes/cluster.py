@@ -24,7 +24,11 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: logs recovered and metadata loaded")
+@router.get(
+    "/readyz",
+    summary="Readiness: logs recovered and metadata loaded",
+    responses={503: {"description": "still starting"}},
+)
 async def readyz(broker: BrokerDep) -> Response:
     if broker.ready:
         return Response(b'{"status":"ready"}', 200, media_type="application/json")

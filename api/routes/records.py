@@ -68,8 +68,11 @@ _PRODUCE_BODY: dict[str, Any] = {
                 "example": '{"key":"a","value":1}\n{"key":"b","value":2}\n',
             },
             records.BATCH: {
-                "schema": {"type": "string", "format": "binary"},
-                "description": "Kafka record batches v2, back to back (partition path only)",
+                "schema": {
+                    "type": "string",
+                    "format": "binary",
+                    "description": "Kafka record batches v2, back to back (partition path only)",
+                },
             },
         },
     }
