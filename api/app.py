@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-
 from typing import Any
 
 from fastapi import FastAPI
@@ -16,8 +15,8 @@ from cluster.broker import Broker, BrokerConfig
 from . import errors
 from .fastpath import FastPath
 from .metrics import Metrics
-from .routes import cluster, records, topics
 from .problems import PROBLEM_JSON
+from .routes import cluster, records, topics
 from .routes.common import errors as errors_doc
 from .schemas import FetchResponse, Problem
 from .settings import Settings

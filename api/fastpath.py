@@ -114,8 +114,8 @@ class FastPath:
             reply = records.Reply(e.code.http_status, problem_bytes(e), PROBLEM_JSON)
         except Exception:
             log.exception("unexpected error on %s %s", method, scope["path"])
-            e = LogbusError("internal error", code=ErrorCode.UNKNOWN_SERVER_ERROR)
-            reply = records.Reply(500, problem_bytes(e), PROBLEM_JSON)
+            internal = LogbusError("internal error", code=ErrorCode.UNKNOWN_SERVER_ERROR)
+            reply = records.Reply(500, problem_bytes(internal), PROBLEM_JSON)
         await send_reply(send, reply)
         state.metrics.requests.labels(route, method, str(reply.status)).inc()
         state.metrics.latency.labels(route).observe(time.perf_counter() - started)

@@ -95,17 +95,7 @@ async def produce(
     if partition is not None:
         broker.partition(topic, partition)
     if kind == BATCH:
-        if partition is None:
-            raise bad_request(
-                "binary batches are appended as they are: send them to "
-                "/v1/topics/{topic}/partitions/{partition}/records"
-            )
-        data = await read_body(body, settings.max_request_bytes)
-        if not data:
-            raise bad_request("empty body")
-        result = await broker.append(topic, partition, data, acks)
-        offsets = [{"partition": partition, "offset": result.base_offset}]
-        return _produce_reply(acks, offsets, result.records, len(data))
+        return await _produce_binary(broker, settings, topic, partition, acks, body)
     now = broker.clock.now_ms()
     if kind == JSON:
         raw = await read_body(body, settings.max_request_bytes)
@@ -114,31 +104,58 @@ async def produce(
         parsed = await _parse_ndjson(body, settings, now)
     else:
         raise unsupported_media_type(kind, PRODUCE_TYPES)
-    sticky = broker.sticky.next_partition(meta.partitions)
-    groups: dict[int, list[int]] = {}
-    records: list[Record] = []
+    return await _produce_parsed(broker, topic, partition, acks, parsed, meta.partitions)
+
+
+async def _produce_binary(
+    broker: Broker, settings: Settings, topic: str, partition: int | None, acks: Acks, body: Body
+) -> Reply:
+    if partition is None:
+        raise bad_request(
+            "binary batches are appended as they are: send them to "
+            "/v1/topics/{topic}/partitions/{partition}/records"
+        )
+    data = await read_body(body, settings.max_request_bytes)
+    if not data:
+        raise bad_request("empty body")
+    result = await broker.append(topic, partition, data, acks)
+    offsets = [{"partition": partition, "offset": result.base_offset}]
+    return _produce_reply(acks, offsets, result.records, len(data))
+
+
+async def _produce_parsed(
+    broker: Broker,
+    topic: str,
+    partition: int | None,
+    acks: Acks,
+    parsed: list[tuple[int | None, Record]],
+    partition_count: int,
+) -> Reply:
+    """Route records to partitions, build every batch, then append (one call per partition)."""
+    sticky = broker.sticky.next_partition(partition_count)
+    groups: dict[int, list[Record]] = {}
+    placement: list[tuple[int, int]] = []  # (partition, index within its group), request order
     for i, (explicit, record) in enumerate(parsed):
         if partition is not None:
+            if explicit not in (None, partition):
+                raise bad_request(f"records[{i}].partition differs from the path's partition")
             p = partition
         elif explicit is not None:
+            broker.partition(topic, explicit)
             p = explicit
-            broker.partition(topic, p)
         else:
             p = broker.partition_for(topic, record.key, sticky)
-        groups.setdefault(p, []).append(i)
-        records.append(record)
+        group = groups.setdefault(p, [])
+        placement.append((p, len(group)))
+        group.append(record)
     max_message_bytes = broker.log_config(topic).max_message_bytes
-    payloads = {
-        p: _build_batches([records[i] for i in idx], max_message_bytes) for p, idx in groups.items()
-    }
+    payloads = {p: _build_batches(rs, max_message_bytes) for p, rs in groups.items()}
     results = await asyncio.gather(
         *(broker.append(topic, p, data, acks) for p, data in payloads.items())
     )
-    offsets: list[dict[str, int]] = [{}] * len(records)
-    for (p, idx), result in zip(groups.items(), results, strict=True):
-        for j, i in enumerate(idx):
-            offsets[i] = {"partition": p, "offset": result.base_offset + j}
-    return _produce_reply(acks, offsets, len(records), sum(map(len, payloads.values())))
+    base = {p: r.base_offset for p, r in zip(payloads, results, strict=True)}
+    offsets = [{"partition": p, "offset": base[p] + j} for p, j in placement]
+    return _produce_reply(acks, offsets, len(parsed), sum(map(len, payloads.values())))
 
 
 def _produce_reply(acks: Acks, offsets: list[dict[str, int]], count: int, size: int) -> Reply:
