@@ -104,38 +104,129 @@ def decompress(codec: Compression, data: bytes, max_bytes: int = MAX_DECOMPRESSE
     return out
 
 
+# Output produced per step of a streaming decompressor: bounds what one step can allocate.
+_STEP_BYTES = 1024 * 1024
+
+
 def _decompress(codec: Compression, data: bytes, max_bytes: int) -> bytes:
     if codec is Compression.NONE:
         return data
+    if not data:
+        raise CorruptRecordError(f"empty {codec.name} data")
     if codec is Compression.GZIP:
-        d = zlib.decompressobj(47)  # accept gzip or zlib headers
-        out = d.decompress(data, max_bytes + 1)
-        if not d.eof:
-            raise CorruptRecordError("truncated or oversized gzip stream")
-        return out
+        return _gzip_decode(data, max_bytes)
     if codec is Compression.SNAPPY:
-        if data.startswith(_XERIAL_MAGIC):
+        if data.startswith(_XERIAL_MAGIC[:4]):
             return _xerial_decode(data, max_bytes)
         if cramjam.snappy.decompress_raw_len(data) > max_bytes:
             raise CorruptRecordError(f"decompressed batch exceeds {max_bytes} bytes")
         return bytes(cramjam.snappy.decompress_raw(data))
     if codec is Compression.LZ4:
-        d4 = lz4.frame.LZ4FrameDecompressor()
-        out = d4.decompress(data, max_length=max_bytes + 1)
-        if not d4.eof:
-            raise CorruptRecordError("truncated or oversized lz4 frame")
-        return bytes(out)
+        return _lz4_decode(data, max_bytes)
     if codec is Compression.ZSTD:
-        # Check the declared size before the library allocates for it; an undeclared size is
-        # bounded by max_output_size.
-        declared = zstandard.frame_content_size(data)
-        if declared > max_bytes:
-            raise CorruptRecordError(f"decompressed batch exceeds {max_bytes} bytes")
-        return bytes(_zstd_decompressor().decompress(data, max_output_size=max_bytes))
+        return _zstd_decode(data, max_bytes)
     raise UnsupportedCompressionError(f"unsupported codec {int(codec)}")
 
 
+def _check_total(total: int, max_bytes: int) -> None:
+    if total > max_bytes:
+        raise CorruptRecordError(f"decompressed batch exceeds {max_bytes} bytes")
+
+
+def _gzip_decode(data: bytes, max_bytes: int) -> bytes:
+    """Every gzip member in ``data`` (Kafka's readers accept concatenated members)."""
+    parts: list[bytes] = []
+    total = 0
+    rest = data
+    while rest:
+        d = zlib.decompressobj(47)  # gzip or zlib header
+        chunk = d.decompress(rest, max_bytes - total + 1)
+        total += len(chunk)
+        _check_total(total, max_bytes)
+        parts.append(chunk)
+        if not d.eof:
+            raise CorruptRecordError("truncated gzip stream")
+        rest = d.unused_data
+    return b"".join(parts)
+
+
+def _lz4_decode(data: bytes, max_bytes: int) -> bytes:
+    step = min(_STEP_BYTES, max_bytes + 1)
+    d = lz4.frame.LZ4FrameDecompressor()
+    parts = [d.decompress(data, max_length=step)]
+    total = len(parts[0])
+    while not d.eof:
+        _check_total(total, max_bytes)
+        if d.needs_input:
+            raise CorruptRecordError("truncated lz4 frame")
+        chunk = d.decompress(b"", max_length=step)
+        total += len(chunk)
+        parts.append(chunk)
+    _check_total(total, max_bytes)
+    return b"".join(parts)
+
+
+def _zstd_decode(data: bytes, max_bytes: int) -> bytes:
+    """Every zstd frame in ``data``, reading at most ``max_bytes + 1`` bytes of output.
+
+    python-zstandard offers either bounded output (``stream_reader``, silent on a truncated
+    frame) or truncation checks (``decompressobj``, unbounded output), so frames are first
+    proved complete by walking their block headers, then read through the bounded reader.
+    """
+    _zstd_check_frames(data)
+    parts: list[bytes] = []
+    total = 0
+    with _zstd_decompressor().stream_reader(data, read_across_frames=True) as reader:
+        while chunk := reader.read(min(_STEP_BYTES, max_bytes + 1 - total)):
+            total += len(chunk)
+            _check_total(total, max_bytes)
+            parts.append(chunk)
+            if total == max_bytes + 1:
+                break
+    return b"".join(parts)
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+_ZSTD_SKIPPABLE_MASK = 0xFFFFFFF0
+_ZSTD_SKIPPABLE_MAGIC = 0x184D2A50
+
+
+def _zstd_check_frames(data: bytes) -> None:
+    """Raise unless ``data`` is a sequence of complete zstd (or skippable) frames."""
+    pos = 0
+    n = len(data)
+    while pos < n:
+        if n - pos < 8:
+            raise CorruptRecordError("truncated zstd frame header")
+        (magic,) = struct.unpack_from("<I", data, pos)
+        if magic & _ZSTD_SKIPPABLE_MASK == _ZSTD_SKIPPABLE_MAGIC:
+            (size,) = struct.unpack_from("<I", data, pos + 4)
+            pos += 8 + size
+            continue
+        if magic != _ZSTD_MAGIC:
+            raise CorruptRecordError("not a zstd frame")
+        params = zstandard.get_frame_parameters(data[pos:])
+        pos += zstandard.frame_header_size(data[pos:])
+        while True:
+            if n - pos < 3:
+                raise CorruptRecordError("truncated zstd block header")
+            header = int.from_bytes(data[pos : pos + 3], "little")
+            block_type = (header >> 1) & 3
+            size = header >> 3
+            if block_type == 3:
+                raise CorruptRecordError("reserved zstd block type")
+            pos += 3 + (1 if block_type == 1 else size)
+            if header & 1:
+                break
+        if params.has_checksum:
+            pos += 4
+    if pos != n:
+        raise CorruptRecordError("truncated zstd frame")
+
+
 def _xerial_decode(data: bytes, max_bytes: int) -> bytes:
+    if len(data) < len(_XERIAL_HEADER) or not data.startswith(_XERIAL_MAGIC):
+        raise CorruptRecordError("truncated snappy (xerial) header")
     pos = len(_XERIAL_HEADER)
     parts: list[bytes] = []
     total = 0

@@ -6,6 +6,8 @@ we compress it must decompress, and the other way round.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import random
 import struct
 import threading
@@ -29,8 +31,8 @@ from core_log.errors import (
     UnsupportedCompressionError,
 )
 
-# kafka-python's package import calls importlib.resources.read_text/open_text, deprecated on this Python;
-# pytest turns warnings into errors, so the (third-party) warning is silenced for the import only.
+# kafka-python's package import calls importlib.resources.read_text/open_text, deprecated on
+# this Python; pytest turns warnings into errors, so it is silenced for the import only.
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", r"(read_text|open_text) is deprecated", DeprecationWarning)
     from kafka import codec as kafka_codec
@@ -159,7 +161,7 @@ def test_snappy_writes_xerial_framing_in_32k_chunks() -> None:
     out = compress(Compression.SNAPPY, data)
     assert out.startswith(XERIAL_HEADER)  # magic, version 1, compatible version 1
     ends = xerial_chunk_ends(out)
-    chunks = [out[a + 4 : b] for a, b in zip(ends, ends[1:], strict=False)]
+    chunks = [out[a + 4 : b] for a, b in itertools.pairwise(ends)]
     assert len(chunks) == -(-len(data) // XERIAL_CHUNK)
     sizes = [cramjam.snappy.decompress_raw_len(c) for c in chunks]
     assert all(s == XERIAL_CHUNK for s in sizes[:-1])
@@ -203,7 +205,10 @@ def test_zstd_frame_without_declared_content_size_decodes() -> None:
 @pytest.mark.parametrize("codec", REAL_CODECS, ids=lambda c: c.name)
 def test_interop_with_kafka_python_codecs(codec: Compression) -> None:
     for name, data in PAYLOADS.items():
-        assert KAFKA_DECODE[codec](compress(codec, data)) == data, f"kafka reads ours: {name}"
+        if not (codec is Compression.SNAPPY and name == "empty"):
+            # kafka-python only recognises xerial framing in streams longer than the 16-byte
+            # header, so it cannot read an empty xerial stream (not even its own).
+            assert KAFKA_DECODE[codec](compress(codec, data)) == data, f"kafka reads ours: {name}"
         assert decompress(codec, KAFKA_ENCODE[codec](data)) == data, f"we read kafka's: {name}"
 
 
@@ -255,6 +260,8 @@ def test_from_name_rejects_unknown_names(name: str) -> None:
 
 BOMB_BYTES = 16 * 1024 * 1024
 BOMB_LIMIT = 64 * 1024
+# Far below the 16 MiB a bomb expands to, with room for a decoder's fixed working buffers.
+BOMB_PEAK = 2 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -277,14 +284,45 @@ def test_decompression_bomb_is_rejected_with_bounded_memory(
     finally:
         tracemalloc.stop()
     # Only allocations Python can see are traced (not cramjam's Rust heap), so this is a lower
-    # bound on what a codec may allocate; it still proves zlib/zstd/lz4 never build the 16 MiB.
-    assert peak < 4 * BOMB_LIMIT + len(bomb), f"peak {peak} bytes"
+    # bound on what a codec allocates; it still shows zlib/zstd/lz4 never build the 16 MiB.
+    assert peak < BOMB_PEAK, f"peak {peak} bytes"
 
 
-def test_zstd_bomb_without_declared_size_is_rejected() -> None:
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+def test_small_stream_does_not_reserve_max_bytes(codec: Compression) -> None:
+    """Memory for a small stream must scale with its output, not with ``max_bytes``.
+
+    Reserving ``max_bytes`` (256 MiB by default) for every call is harmless only while the
+    kernel overcommits: under RLIMIT_AS or vm.overcommit_memory=2 the allocation fails with
+    MemoryError, which decompress() reports as CorruptRecordError for a valid batch.
+    """
+    data = text_payload(1100)
+    streams = {"ours": compress(codec, data)}
+    if codec is Compression.ZSTD:  # what streaming encoders (Kafka's Java producer) write
+        streams["no content size"] = zstandard.ZstdCompressor(write_content_size=False).compress(
+            data
+        )
+    for name, stream in streams.items():
+        tracemalloc.start()
+        try:
+            assert decompress(codec, stream) == data
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        # a fixed working buffer of a few MiB is fine; 256 MiB per call is not
+        assert peak < 8 * 1024 * 1024, f"{name}: decompressing {len(data)} bytes allocated {peak}"
+
+
+def test_zstd_bomb_without_declared_size_is_rejected_with_bounded_memory() -> None:
     frame = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(BOMB_BYTES))
-    with pytest.raises(CorruptRecordError):
-        decompress(Compression.ZSTD, frame, max_bytes=BOMB_LIMIT)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptRecordError):
+            decompress(Compression.ZSTD, frame, max_bytes=BOMB_LIMIT)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < BOMB_PEAK, f"peak {peak} bytes"
 
 
 def test_raw_snappy_bomb_is_rejected() -> None:
@@ -330,16 +368,15 @@ def accepted_truncations(codec: Compression, comp: bytes, data: bytes) -> list[i
 
 @pytest.mark.parametrize("codec", REAL_CODECS, ids=lambda c: c.name)
 def test_truncated_stream_is_rejected(codec: Compression) -> None:
-    for data in (text_payload(300), text_payload(40_000)):
-        comp = compress(codec, data)
-        assert accepted_truncations(codec, comp, data) == [], f"{len(data)}-byte payload"
-
-
-@pytest.mark.parametrize("codec", REAL_CODECS, ids=lambda c: c.name)
-def test_truncated_kafka_python_stream_is_rejected(codec: Compression) -> None:
-    data = text_payload(40_000)
-    comp = KAFKA_ENCODE[codec](data)
-    assert accepted_truncations(codec, comp, data) == []
+    small, large = text_payload(300), text_payload(40_000)
+    streams = {
+        "ours, small": (compress(codec, small), small),
+        "ours, large": (compress(codec, large), large),
+        "kafka-python, large": (KAFKA_ENCODE[codec](large), large),
+    }
+    for name, (comp, data) in streams.items():
+        accepted = accepted_truncations(codec, comp, data)
+        assert not accepted, f"{name} ({len(comp)} bytes): comp[:k] decoded for k in {accepted}"
 
 
 @pytest.mark.parametrize("codec", [Compression.GZIP, Compression.ZSTD], ids=lambda c: c.name)
@@ -397,7 +434,5 @@ def test_bit_flipped_stream_raises_only_corrupt_record_error(
 ) -> None:
     comp = bytearray(compress(codec, data))
     comp[pos % len(comp)] ^= mask
-    try:
+    with contextlib.suppress(CorruptRecordError):
         decompress(codec, bytes(comp))
-    except CorruptRecordError:
-        pass
