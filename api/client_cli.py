@@ -1,9 +1,1110 @@
-"""Client subcommands of ``logbus`` (topics, produce, consume, bench): HTTP to a broker."""
+"""Client subcommands of ``logbus`` (topics, produce, consume, bench): HTTP to a broker.
+
+Every command talks to ``--url`` (default ``$LOGBUS_URL`` or ``http://127.0.0.1:8080``) with a
+timeout on every request. A broker error (``application/problem+json``) is printed on one line of
+stderr — ``CODE (status): detail`` — and the command exits 1; a usage error exits 2.
+
+* ``topics create|list|describe|alter|delete``: tables for people, ``--json`` for programs.
+* ``produce``: lines from stdin, batched into NDJSON requests. The client picks each record's
+  partition itself as a Kafka producer would (murmur2 of the key, or a sticky partition for
+  keyless records), so it can keep up to ``--max-in-flight`` requests going at once while keeping
+  Kafka's per-partition order: at most one request per partition is in flight (``--unordered``
+  lifts that), the next batches are encoded while it travels. A batch also leaves after
+  ``--linger-ms`` without new input, so ``tail -f app.log | logbus produce logs`` works.
+* ``consume``: one fetch loop per partition (asyncio, so a quiet partition's long poll does not
+  hold up the others); without ``--follow`` it stops at the high watermarks seen at start.
+  Records are fetched as binary record batches and decoded here (see :class:`_Fetcher`).
+* ``bench``: forwards to :func:`benchmarks.http.run_bench`.
+
+httpx, orjson and tqdm are imported inside the commands so ``logbus serve`` does not pay for them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import base64
+import importlib
+import json
+import os
+import queue
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from datetime import datetime
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import quote
+
+if TYPE_CHECKING:
+    import httpx
+
+    from core_log.batch import Record
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_TIMEOUT_S = 30.0
+LONG_POLL_MS = 30_000  # below the broker's max_wait_ms (60 s)
+BATCH_TYPE = "application/vnd.logbus.batch"
+MAX_BATCH_LINES = 100_000  # the broker's max_records_per_request
+MAX_BODY_BYTES = 8 * 1024 * 1024  # well below the broker's max_request_bytes (64 MiB)
+CONNECT_RETRIES = 2  # only connection establishment is retried: a produce is not idempotent
+
+_ENVELOPE = frozenset(("type", "title", "status", "code", "retriable", "detail", "errors"))
+
+
+class CliError(Exception):
+    """A failure reported on one line of stderr, with the exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# -- argument parsing ---------------------------------------------------------------------------
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Filled in below; kept separate so ``serve`` does not import the HTTP client."""
+    """Register ``topics``, ``produce``, ``consume`` and ``bench`` on ``logbus``."""
+    conn = argparse.ArgumentParser(add_help=False)
+    conn.add_argument(
+        "--url",
+        default=os.environ.get("LOGBUS_URL", DEFAULT_URL),
+        help="broker URL (default: $LOGBUS_URL or %(default)s)",
+    )
+    conn.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="timeout of each HTTP request (default: %(default)s)",
+    )
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    _add_topics(sub, [conn, as_json])
+    _add_produce(sub, [conn])
+    _add_consume(sub, [conn])
+    _add_bench(sub)
+
+
+def _add_topics(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], parents: list[argparse.ArgumentParser]
+) -> None:
+    topics = sub.add_parser("topics", help="create, list, describe, alter and delete topics")
+    tsub = topics.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
+
+    create = tsub.add_parser("create", parents=parents, help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=_positive_int, default=1, help="default: 1")
+    create.add_argument("--replication-factor", type=_positive_int, default=1, help="default: 1")
+    create.add_argument(
+        "--config",
+        type=_config_pair,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="topic config, e.g. retention.ms=86400000 (repeatable)",
+    )
+    create.set_defaults(func=_command(_topics_create))
+
+    lst = tsub.add_parser("list", parents=parents, help="list topics")
+    lst.set_defaults(func=_command(_topics_list))
+
+    describe = tsub.add_parser(
+        "describe", parents=parents, help="a topic, its configs and partitions"
+    )
+    describe.add_argument("name")
+    describe.set_defaults(func=_command(_topics_describe))
+
+    alter = tsub.add_parser("alter", parents=parents, help="change configs or add partitions")
+    alter.add_argument("name")
+    alter.add_argument(
+        "--config",
+        type=_config_pair,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a config (repeatable)",
+    )
+    alter.add_argument(
+        "--delete-config",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY",
+        help="reset a config to its default (repeatable)",
+    )
+    alter.add_argument(
+        "--partitions", type=_positive_int, help="increase the number of partitions to N"
+    )
+    alter.set_defaults(func=_command(_topics_alter))
+
+    delete = tsub.add_parser("delete", parents=parents, help="delete a topic and its data")
+    delete.add_argument("name")
+    delete.set_defaults(func=_command(_topics_delete))
+
+
+def _add_produce(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], parents: list[argparse.ArgumentParser]
+) -> None:
+    p = sub.add_parser(
+        "produce",
+        parents=parents,
+        help="produce the lines of stdin as records",
+        description="Produce each line of stdin as one record (its value is the line as a JSON "
+        "string, or the parsed line with --json-values). A summary with the achieved rate is "
+        "printed on stderr at the end.",
+    )
+    p.add_argument("topic")
+    p.add_argument(
+        "--partition",
+        type=_non_negative_int,
+        help="send every record to this partition (default: murmur2 of the key, or sticky)",
+    )
+    p.add_argument(
+        "--key-separator",
+        metavar="SEP",
+        help="each line is KEY<SEP>VALUE (split at the first SEP); a line without SEP is an error",
+    )
+    p.add_argument(
+        "--json-values",
+        action="store_true",
+        help="parse each value as JSON instead of taking it as a string (blank lines skipped)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_batch_size,
+        default=1000,
+        metavar="N",
+        help="records per request (default: %(default)s)",
+    )
+    p.add_argument("--acks", choices=["0", "1", "all"], default="all", help="default: %(default)s")
+    p.add_argument(
+        "--max-in-flight",
+        type=_positive_int,
+        default=4,
+        metavar="N",
+        help="requests in flight at once (default: %(default)s), one per partition at a time",
+    )
+    p.add_argument(
+        "--unordered",
+        action="store_true",
+        help="allow several requests in flight to one partition (faster, may reorder batches)",
+    )
+    p.add_argument(
+        "--linger-ms",
+        type=_non_negative_int,
+        default=200,
+        metavar="MS",
+        help="send a partial batch after MS without new input (default: %(default)s)",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+    p.set_defaults(func=_command(_produce))
+
+
+def _add_consume(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], parents: list[argparse.ArgumentParser]
+) -> None:
+    c = sub.add_parser(
+        "consume",
+        parents=parents,
+        help="print the records of a topic",
+        description="Print records, one per line. Without --follow, stop at the high "
+        "watermarks seen at start; with --follow, wait for new records until Ctrl-C.",
+    )
+    c.add_argument("topic")
+    c.add_argument(
+        "--partition",
+        type=_non_negative_int,
+        help="read one partition (default: all of them, side by side)",
+    )
+    c.add_argument(
+        "--from",
+        dest="start",
+        type=_start_position,
+        default=("earliest", 0),
+        metavar="POSITION",
+        help="earliest (default), latest, an OFFSET, -N (the last N records of each "
+        "partition), an ISO-8601 time (local time unless it has an offset) or @MS "
+        "(ms since the epoch): the first record at or after that time",
+    )
+    c.add_argument("--follow", "-f", action="store_true", help="wait for new records until Ctrl-C")
+    c.add_argument(
+        "--max-records", type=_positive_int, metavar="N", help="stop after N records in all"
+    )
+    c.add_argument(
+        "--format",
+        choices=["value", "json"],
+        default="value",
+        help="value: the value of each record (strings as they are, other JSON compact, bytes "
+        "raw); json: each record as a JSON object with its partition (default: %(default)s)",
+    )
+    c.set_defaults(func=_command(_consume))
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    b = sub.add_parser(
+        "bench",
+        help="run the HTTP benchmark suite (see docs/benchmarks.md)",
+        description="Run benchmarks.http.run_bench: produce and fetch throughput and latency.",
+    )
+    b.add_argument("--url", default=None, help="benchmark this broker (default: start a fresh one)")
+    b.add_argument(
+        "--seconds",
+        type=_positive_float,
+        default=None,
+        help="time budget of each measurement (default: the benchmark's own)",
+    )
+    b.add_argument("--json", type=Path, metavar="OUT", help="also write the results here")
+    b.add_argument("--plot", type=Path, metavar="PNG", help="also draw the results here")
+    b.set_defaults(func=_command(_bench))
+
+
+def _positive_int(raw: str) -> int:
+    value = _int(raw)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {raw!r}")
+    return value
+
+
+def _non_negative_int(raw: str) -> int:
+    value = _int(raw)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {raw!r}")
+    return value
+
+
+def _batch_size(raw: str) -> int:
+    value = _positive_int(raw)
+    if value > MAX_BATCH_LINES:
+        raise argparse.ArgumentTypeError(f"at most {MAX_BATCH_LINES} records per request")
+    return value
+
+
+def _int(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {raw!r}") from None
+
+
+def _positive_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {raw!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {raw!r}")
+    return value
+
+
+def _config_pair(raw: str) -> tuple[str, str]:
+    key, sep, value = raw.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {raw!r}")
+    return key.strip(), value
+
+
+def _start_position(raw: str) -> tuple[str, int]:
+    """``--from``: (earliest|latest, 0), (offset, N), (tail, N) or (time, ms)."""
+    text = raw.strip()
+    if text in ("earliest", "latest"):
+        return text, 0
+    if text.startswith("@"):
+        try:
+            ms = int(text[1:])
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"@ takes milliseconds since the epoch: {raw!r}"
+            ) from None
+        if ms < 0:
+            raise argparse.ArgumentTypeError(f"a time before the epoch: {raw!r}")
+        return "time", ms
+    try:
+        n = int(text)
+    except ValueError:
+        pass
+    else:
+        return ("offset", n) if n >= 0 else ("tail", -n)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected earliest, latest, an offset, -N, an ISO-8601 time or @MS: {raw!r}"
+        ) from None
+    ms = round(when.timestamp() * 1000)  # a naive time is local time
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"a time before the epoch: {raw!r}")
+    return "time", ms
+
+
+# -- running a command ---------------------------------------------------------------------------
+
+
+def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Errors to one readable line of stderr and an exit code; no tracebacks for expected ones."""
+
+    def run(args: argparse.Namespace) -> int:
+        name = " ".join(
+            x for x in (getattr(args, "command", None), getattr(args, "topics_command", None)) if x
+        )
+        try:
+            return fn(args)
+        except CliError as e:
+            print(f"logbus {name}: {e}", file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt:
+            print(f"logbus {name}: interrupted", file=sys.stderr)
+            return 130
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            return 0
+
+    return run
+
+
+def _stdout_to_devnull() -> None:
+    """After EPIPE (``logbus consume t | head``): no second error when Python flushes stdout."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _base_url(args: argparse.Namespace) -> str:
+    url = str(args.url).rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise CliError(f"--url must start with http:// or https://, got {args.url!r}", 2)
+    return url
+
+
+def _client(args: argparse.Namespace, pool: int = 4) -> httpx.Client:
+    import httpx
+
+    return httpx.Client(
+        base_url=_base_url(args),
+        timeout=httpx.Timeout(args.timeout),
+        transport=httpx.HTTPTransport(retries=CONNECT_RETRIES),
+        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
+        headers={"user-agent": "logbus-cli"},
+    )
+
+
+def _topic_path(topic: str, *rest: object) -> str:
+    return "/".join(["/v1/topics", quote(topic, safe=""), *(str(x) for x in rest)])
+
+
+def _request(client: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    import httpx
+
+    try:
+        response = client.request(method, path, **kwargs)
+    except httpx.TimeoutException:
+        raise CliError(f"{method} {client.base_url}{path}: no answer in time") from None
+    except httpx.TransportError as e:
+        raise CliError(f"cannot reach the broker at {client.base_url}: {e}") from None
+    _raise_for_problem(response)
+    return response
+
+
+def _raise_for_problem(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    raise CliError(_problem_text(response))
+
+
+def _problem_text(response: httpx.Response) -> str:
+    """``CODE (status): detail [key=value ...]`` from problem+json, or the status and body."""
+    try:
+        body = json.loads(response.content)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or "detail" not in body:
+        text = response.text.strip().replace("\n", " ")[:300]
+        return f"HTTP {response.status_code} {response.reason_phrase}" + (
+            f": {text}" if text else ""
+        )
+    code = body.get("code") or body.get("title") or "ERROR"
+    text = f"{code} ({response.status_code}): {body['detail']}"
+    extra = {k: v for k, v in body.items() if k not in _ENVELOPE}
+    if extra:
+        text += " [" + ", ".join(f"{k}={v}" for k, v in extra.items()) + "]"
+    return text
+
+
+def _print_json(doc: Any) -> None:
+    print(json.dumps(doc, indent=2, ensure_ascii=False))
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    cells = [list(headers), *([str(c) for c in row] for row in rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
+    )
+
+
+def _configs_text(configs: dict[str, Any]) -> str:
+    return ",".join(f"{k}={_config_value(v)}" for k, v in sorted(configs.items())) or "-"
+
+
+def _config_value(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+# -- topics ---------------------------------------------------------------------------------------
+
+
+def _topics_create(args: argparse.Namespace) -> int:
+    body = {
+        "name": args.name,
+        "partitions": args.partitions,
+        "replication_factor": args.replication_factor,
+        "configs": dict(args.config),
+    }
+    with _client(args) as client:
+        topic = _request(client, "POST", "/v1/topics", json=body).json()
+    if args.json:
+        _print_json(topic)
+    else:
+        print(
+            f"created topic {topic['name']}: {topic['partitions']} partition(s), "
+            f"replication factor {topic['replication_factor']}, "
+            f"configs {_configs_text(topic.get('configs') or {})}"
+        )
+    return 0
+
+
+def _topics_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        doc = _request(client, "GET", "/v1/topics").json()
+    if args.json:
+        _print_json(doc)
+        return 0
+    topics = sorted(doc["topics"], key=lambda t: t["name"])
+    if not topics:
+        print("no topics", file=sys.stderr)
+        return 0
+    rows = [
+        (t["name"], t["partitions"], t["replication_factor"], _configs_text(t["configs"]))
+        for t in topics
+    ]
+    print(_table(["TOPIC", "PARTITIONS", "REPLICATION", "CONFIGS"], rows))
+    return 0
+
+
+def _topics_describe(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        topic = _request(client, "GET", _topic_path(args.name)).json()
+    if args.json:
+        _print_json(topic)
+        return 0
+    print(_describe_text(topic))
+    return 0
+
+
+def _describe_text(t: dict[str, Any]) -> str:
+    created = datetime.fromtimestamp(t["created_ms"] / 1000).astimezone().isoformat("T", "seconds")
+    head = _table(
+        ["", ""],
+        [
+            ("Topic:", t["name"]),
+            ("Topic id:", t["topic_id"]),
+            ("Partitions:", t["partitions"]),
+            ("Replication factor:", t["replication_factor"]),
+            ("Configs:", _configs_text(t["configs"])),
+            ("Created:", created),
+        ],
+    ).split("\n", 1)[1]
+    ids = ",".join
+    rows = [
+        (
+            p["partition"],
+            p["leader"],
+            p["leader_epoch"],
+            ids(map(str, p["replicas"])),
+            ids(map(str, p["isr"])),
+            p["log_start_offset"],
+            p["high_watermark"],
+            p["log_end_offset"],
+        )
+        for p in sorted(t["partition_details"], key=lambda p: p["partition"])
+    ]
+    table = _table(
+        [
+            "PARTITION",
+            "LEADER",
+            "EPOCH",
+            "REPLICAS",
+            "ISR",
+            "LOG-START",
+            "HIGH-WATERMARK",
+            "LOG-END",
+        ],
+        rows,
+    )
+    return f"{head}\n\n{table}"
+
+
+def _topics_alter(args: argparse.Namespace) -> int:
+    changes: dict[str, str | None] = dict(args.config)
+    for key in args.delete_config:
+        if key in changes:
+            raise CliError(f"{key} is both set (--config) and reset (--delete-config)", 2)
+        changes[key] = None
+    if not changes and args.partitions is None:
+        raise CliError("nothing to alter: give --config, --delete-config or --partitions", 2)
+    result: dict[str, Any] = {"topic": args.name}
+    with _client(args) as client:
+        if changes:
+            path = _topic_path(args.name, "configs")
+            result.update(_request(client, "PATCH", path, json={"configs": changes}).json())
+        if args.partitions is not None:
+            path = _topic_path(args.name, "partitions")
+            detail = _request(client, "POST", path, json={"count": args.partitions}).json()
+            result["partitions"] = detail["partitions"]
+    if args.json:
+        _print_json(result)
+        return 0
+    if changes:
+        print(f"altered configs of topic {args.name}; overrides now:")
+        overrides = result.get("overrides") or {}
+        rows = [(k, _config_value(v)) for k, v in sorted(overrides.items())]
+        print(_table(["CONFIG", "VALUE"], rows) if rows else "(none: every config is default)")
+    if args.partitions is not None:
+        print(f"topic {args.name} has {result['partitions']} partition(s)")
+    return 0
+
+
+def _topics_delete(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        _request(client, "DELETE", _topic_path(args.name))
+    if args.json:
+        _print_json({"topic": args.name, "deleted": True})
+    else:
+        print(f"deleted topic {args.name}")
+    return 0
+
+
+# -- produce --------------------------------------------------------------------------------------
+
+_EOF = object()
+
+
+def _read_lines(stream: IO[bytes], out: queue.Queue[object]) -> None:
+    """Reader thread: lists of lines (without the newline) as they become available, then EOF.
+
+    ``read1`` returns what is there without waiting for a full buffer, so interactive or
+    ``tail -f`` input is not held back.
+    """
+    try:
+        pending = b""
+        read = getattr(stream, "read1", stream.read)
+        while chunk := read(1 << 16):
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            if lines:
+                out.put(lines)
+        if pending:
+            out.put([pending])
+    except BaseException as e:  # handed to the main thread
+        out.put(e)
+    out.put(_EOF)
+
+
+class _Encoder:
+    """One input line → (partition, NDJSON record line, payload bytes)."""
+
+    def __init__(self, args: argparse.Namespace, partitions: int) -> None:
+        import orjson
+
+        from cluster.partitioner import partition_for_key
+
+        self._dumps = orjson.dumps
+        self._loads = orjson.loads
+        self._decode_error = orjson.JSONDecodeError
+        self._partition_for_key = partition_for_key
+        self.partitions = partitions
+        self.fixed: int | None = args.partition
+        self.sep: bytes | None = args.key_separator.encode() if args.key_separator else None
+        self.json_values: bool = args.json_values
+        self.sticky = random.randrange(partitions)  # keyless records: KIP-480 sticky partition
+        self.line_no = 0
+
+    def encode(self, line: bytes) -> tuple[int, bytes, int] | None:
+        self.line_no += 1
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        size = len(line)
+        key_part = b""
+        partition = self.sticky if self.fixed is None else self.fixed
+        if self.sep is not None:
+            key, found, line = line.partition(self.sep)
+            if not found:
+                raise CliError(f"line {self.line_no}: no key separator {self.sep.decode()!r} in it")
+            key_part = self._field(b"key", key) + b","
+            if self.fixed is None:
+                partition = self._partition_for_key(key, self.partitions)
+        if self.json_values:
+            if not line.strip():
+                return None
+            try:
+                value = self._dumps(self._loads(line))
+            except self._decode_error as e:
+                raise CliError(
+                    f"line {self.line_no}: not JSON ({e}); drop --json-values?"
+                ) from None
+            value_part = b'"value":' + value
+        else:
+            value_part = self._field(b"value", line)
+        return partition, b"{" + key_part + value_part + b"}\n", size
+
+    def _field(self, name: bytes, raw: bytes) -> bytes:
+        """A JSON string field, or ``name_b64`` for bytes that are not UTF-8."""
+        try:
+            return b'"' + name + b'":' + self._dumps(raw.decode())
+        except UnicodeDecodeError:
+            return b'"' + name + b'_b64":"' + base64.b64encode(raw) + b'"'
+
+    def next_sticky(self) -> None:
+        self.sticky = (self.sticky + 1) % self.partitions
+
+
+class _Sender:
+    """Up to ``max_in_flight`` batches queued or in flight; per partition in order unless told.
+
+    With ``ordered``, a batch waits for the previous batch of its partition, so only one request
+    per partition travels at a time while the following batches are already encoded.
+    """
+
+    def __init__(
+        self,
+        client: httpx.Client,
+        topic: str,
+        acks: str,
+        max_in_flight: int,
+        ordered: bool,
+        on_ack: Callable[[int, int], None],
+    ) -> None:
+        self.client = client
+        self.topic = topic
+        self.params = {"acks": acks}
+        self.ordered = ordered
+        self.on_ack = on_ack
+        self.pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="logbus-produce")
+        self.slots = threading.BoundedSemaphore(max_in_flight)
+        self.last: dict[int, Future[None]] = {}
+        self.error: BaseException | None = None
+
+    def submit(self, partition: int, lines: list[bytes], size: int) -> None:
+        while not self.slots.acquire(timeout=0.1):
+            self.check()
+        self.check()
+        prev = self.last.get(partition) if self.ordered else None
+        body = b"".join(lines)
+        self.last[partition] = self.pool.submit(self._send, prev, partition, body, len(lines), size)
+
+    def _send(
+        self, prev: Future[None] | None, partition: int, body: bytes, count: int, size: int
+    ) -> None:
+        try:
+            if prev is not None:
+                wait_futures([prev])
+            if self.error is not None:
+                return
+            response = _request(
+                self.client,
+                "POST",
+                _topic_path(self.topic, "partitions", partition, "records"),
+                params=self.params,
+                content=body,
+                headers={"content-type": "application/x-ndjson"},
+            )
+            if response.status_code == 202:  # acks=0
+                count = int(response.headers.get("logbus-record-count", count))
+            self.on_ack(count, size)
+        except BaseException as e:
+            if self.error is None:
+                self.error = e
+        finally:
+            self.slots.release()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self, cancel: bool = False) -> None:
+        self.pool.shutdown(wait=not cancel, cancel_futures=cancel)
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    with _client(args, pool=args.max_in_flight) as client:
+        topic = _request(client, "GET", _topic_path(args.topic)).json()
+        partitions: int = topic["partitions"]
+        if args.partition is not None and args.partition >= partitions:
+            raise CliError(f"topic {args.topic} has {partitions} partition(s): no {args.partition}")
+        encoder = _Encoder(args, partitions)
+        show = sys.stderr.isatty() if args.progress is None else args.progress
+        bar = tqdm(
+            desc=f"produce {args.topic}",
+            unit=" rec",
+            unit_scale=True,
+            file=sys.stderr,
+            disable=not show,
+            dynamic_ncols=True,
+        )
+        lock = threading.Lock()
+        acked = [0, 0]  # records, payload bytes
+
+        def on_ack(count: int, size: int) -> None:
+            with lock:
+                acked[0] += count
+                acked[1] += size
+                bar.update(count)
+
+        sender = _Sender(
+            client, args.topic, args.acks, args.max_in_flight, not args.unordered, on_ack
+        )
+        lines_q: queue.Queue[object] = queue.Queue(maxsize=64)
+        reader = threading.Thread(
+            target=_read_lines, args=(sys.stdin.buffer, lines_q), daemon=True, name="stdin"
+        )
+        started = time.monotonic()
+        reader.start()
+        try:
+            _produce_loop(args, encoder, sender, lines_q)
+            sender.close()
+            sender.check()
+        except BaseException:
+            sender.close(cancel=True)
+            bar.close()
+            with lock:
+                print(f"{acked[0]} record(s) were acknowledged", file=sys.stderr)
+            raise
+        bar.close()
+    elapsed = max(time.monotonic() - started, 1e-9)
+    records, size = acked
+    print(
+        f"produced {records} record(s), {size / 1e6:.2f} MB to {args.topic} in {elapsed:.2f} s: "
+        f"{records / elapsed:,.0f} records/s, {size / 1e6 / elapsed:.2f} MB/s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _produce_loop(
+    args: argparse.Namespace,
+    encoder: _Encoder,
+    sender: _Sender,
+    lines_q: queue.Queue[object],
+) -> None:
+    buffers: dict[int, list[bytes]] = {}
+    sizes: dict[int, int] = {}  # NDJSON bytes per buffer
+    payload: dict[int, int] = {}  # input bytes per buffer
+    linger = args.linger_ms / 1000
+    deadline: float | None = None
+
+    def flush(p: int) -> None:
+        lines = buffers.pop(p)
+        sizes.pop(p)
+        sender.submit(p, lines, payload.pop(p))
+        if p == encoder.sticky:
+            encoder.next_sticky()
+
+    while True:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            item = lines_q.get(timeout=timeout)
+        except queue.Empty:
+            for p in list(buffers):
+                flush(p)
+            deadline = None
+            continue
+        if item is _EOF:
+            break
+        if isinstance(item, BaseException):
+            raise CliError(f"reading stdin: {item}")
+        assert isinstance(item, list)
+        for line in item:
+            encoded = encoder.encode(line)
+            if encoded is None:
+                continue
+            p, record, size = encoded
+            if p in buffers:
+                buffers[p].append(record)
+                sizes[p] += len(record)
+                payload[p] += size
+            else:
+                buffers[p], sizes[p], payload[p] = [record], len(record), size
+            if len(buffers[p]) >= args.batch_size or sizes[p] >= MAX_BODY_BYTES:
+                flush(p)
+        sender.check()
+        if not buffers:
+            deadline = None
+        elif deadline is None:
+            deadline = time.monotonic() + linger
+    for p in list(buffers):
+        flush(p)
+
+
+# -- consume --------------------------------------------------------------------------------------
+
+
+class _LimitReached(Exception):
+    """--max-records printed: stop every partition's loop."""
+
+
+def _consume(args: argparse.Namespace) -> int:
+    import asyncio
+
+    try:
+        return asyncio.run(_consume_async(args))
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        return 0
+
+
+async def _consume_async(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import httpx
+
+    timeout = httpx.Timeout(args.timeout, read=args.timeout + LONG_POLL_MS / 1000)
+    async with httpx.AsyncClient(
+        base_url=_base_url(args),
+        timeout=timeout,
+        transport=httpx.AsyncHTTPTransport(retries=CONNECT_RETRIES),
+        headers={"user-agent": "logbus-cli"},
+    ) as client:
+        fetcher = _Fetcher(client, args)
+        topic = await fetcher.get_json(_topic_path(args.topic))
+        details = {d["partition"]: d for d in topic["partition_details"]}
+        if args.partition is None:
+            parts = sorted(details)
+        elif args.partition in details:
+            parts = [args.partition]
+        else:
+            raise CliError(
+                f"topic {args.topic} has {topic['partitions']} partition(s): no {args.partition}"
+            )
+        starts = await asyncio.gather(*(fetcher.start_offset(details[p]) for p in parts))
+        if args.follow and sys.stderr.isatty():
+            where = ", ".join(f"{p}@{o}" for p, o in zip(parts, starts, strict=True))
+            print(f"following {args.topic} from {where}; Ctrl-C to stop", file=sys.stderr)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for p, start in zip(parts, starts, strict=True):
+                    end = None if args.follow else details[p]["high_watermark"]
+                    group.create_task(fetcher.run(p, start, end))
+        except BaseExceptionGroup as eg:
+            errors = _leaves(eg)
+            for e in errors:
+                if not isinstance(e, _LimitReached):
+                    raise e from None
+    return 0
+
+
+def _leaves(eg: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in eg.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
+
+
+class _Fetcher:
+    """Fetch loops of one consume command.
+
+    Records travel as Kafka record batches (``application/vnd.logbus.batch``) and are decoded
+    here with :mod:`core_log.batch`: the broker sends the stored bytes as they are, which is many
+    times cheaper for it than rendering JSON, and the output is the same — ``--format json``
+    renders with the broker's own :func:`api.records_codec.record_to_json`.
+    """
+
+    def __init__(self, client: httpx.AsyncClient, args: argparse.Namespace) -> None:
+        import orjson
+
+        from core_log.batch import decode_records, scan_batches
+
+        from .records_codec import record_to_json
+
+        self.client = client
+        self.topic: str = args.topic
+        self.follow: bool = args.follow
+        self.start: tuple[str, int] = args.start
+        self.remaining: int | None = args.max_records
+        self.as_json = args.format == "json"
+        self.dumps = orjson.dumps
+        self.loads = orjson.loads
+        self.decode_error = orjson.JSONDecodeError
+        self.scan_batches = scan_batches
+        self.decode_records = decode_records
+        self.record_to_json = record_to_json
+        self.out = sys.stdout.buffer
+
+    async def get(
+        self, path: str, params: dict[str, Any] | None = None, binary: bool = False
+    ) -> httpx.Response:
+        import httpx
+
+        headers = {"accept": BATCH_TYPE} if binary else None
+        try:
+            return await self.client.get(path, params=params, headers=headers)
+        except httpx.TimeoutException:
+            raise CliError(f"GET {self.client.base_url}{path}: no answer in time") from None
+        except httpx.TransportError as e:
+            raise CliError(f"cannot reach the broker at {self.client.base_url}: {e}") from None
+
+    async def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        response = await self.get(path, params)
+        _raise_for_problem(response)
+        return self.loads(response.content)
+
+    async def start_offset(self, d: dict[str, Any]) -> int:
+        kind, n = self.start
+        p, first, hw = d["partition"], d["log_start_offset"], d["high_watermark"]
+        if kind == "earliest":
+            return int(first)
+        if kind == "latest":
+            return int(hw)
+        if kind == "tail":
+            return int(max(first, hw - n))
+        if kind == "time":
+            doc = await self.get_json(
+                _topic_path(self.topic, "partitions", p, "offsets"), {"at": str(n)}
+            )
+            return int(hw if doc["offset"] is None else doc["offset"])
+        if n > d["log_end_offset"]:
+            raise CliError(
+                f"offset {n} is past the end of partition {p} (log end offset "
+                f"{d['log_end_offset']})"
+            )
+        return n
+
+    async def run(self, partition: int, offset: int, end: int | None) -> None:
+        path = _topic_path(self.topic, "partitions", partition, "records")
+        params: dict[str, Any] = {"wait_ms": LONG_POLL_MS} if self.follow else {}
+        while end is None or offset < end:
+            params["offset"] = offset
+            response = await self.get(path, params, binary=True)
+            if response.status_code == 416:
+                offset = self._reset(partition, offset, response)
+                continue
+            _raise_for_problem(response)
+            records = self._decode(response.content, offset, end)
+            if self.remaining is not None:
+                records = records[: self.remaining]
+                self.remaining -= len(records)
+            self._print(partition, records)
+            if self.remaining == 0:
+                raise _LimitReached
+            next_offset = int(response.headers.get("logbus-next-offset", offset))
+            if records:
+                next_offset = max(next_offset, records[-1].offset + 1)
+            if next_offset <= offset and not self.follow:
+                return  # no progress below the high watermark: nothing more to read
+            offset = next_offset
+
+    def _decode(self, data: bytes, offset: int, end: int | None) -> list[Record]:
+        out: list[Record] = []
+        for pos, h in self.scan_batches(data):
+            if h.last_offset < offset:
+                continue
+            if end is not None and h.base_offset >= end:
+                break
+            out.extend(
+                r
+                for r in self.decode_records(data, pos)
+                if r.offset >= offset and (end is None or r.offset < end)
+            )
+        return out
+
+    def _reset(self, partition: int, offset: int, response: httpx.Response) -> int:
+        """Offset out of range: below the log start (retention moved it) → jump to the start."""
+        try:
+            start = int(self.loads(response.content)["log_start_offset"])
+        except (ValueError, KeyError, TypeError):
+            start = -1
+        if offset >= start >= 0:
+            raise CliError(_problem_text(response))
+        print(
+            f"logbus consume: partition {partition}: offset {offset} is gone (log start "
+            f"{start}); continuing at {start}",
+            file=sys.stderr,
+        )
+        return start
+
+    def _print(self, partition: int, records: list[Record]) -> None:
+        if not records:
+            return
+        if self.as_json:
+            to_json = self.record_to_json
+            lines = [self.dumps({"partition": partition, **to_json(r)}) for r in records]
+        else:
+            lines = [self._value(r.value) for r in records]
+        self.out.write(b"\n".join(lines) + b"\n")
+        self.out.flush()
+
+    def _value(self, value: bytes | None) -> bytes:
+        """A JSON string value as its text, other values as stored, a tombstone as ``null``."""
+        if value is None:
+            return b"null"
+        if value[:1] == b'"':
+            try:
+                text = self.loads(value)
+            except self.decode_error:
+                return value
+            if isinstance(text, str):
+                return text.encode()
+        return value
+
+
+# -- bench ----------------------------------------------------------------------------------------
+
+
+def _bench(args: argparse.Namespace) -> int:
+    run_bench = _load_run_bench()
+    result = run_bench(args)
+    return result if isinstance(result, int) else 0
+
+
+def _load_run_bench() -> Callable[[argparse.Namespace], Any]:
+    """``benchmarks.http.run_bench``; from the source checkout when the package is not importable.
+
+    ``benchmarks`` is not an installed package: ``python -m api.cli`` in the repository finds it
+    on the path, the ``logbus`` script of an editable install finds it next to ``api/``.
+    """
+    checkout = Path(__file__).resolve().parent.parent
+    for attempt in range(2):
+        try:
+            module = importlib.import_module("benchmarks.http")
+            break
+        except ModuleNotFoundError as e:
+            if e.name not in ("benchmarks", "benchmarks.http"):
+                raise CliError(
+                    f"the benchmark needs the module {e.name!r}: install it "
+                    f"(pip install {e.name.split('.')[0] if e.name else '...'})",
+                    2,
+                ) from None
+            if attempt or not (checkout / "benchmarks" / "http.py").is_file():
+                raise CliError(
+                    "the HTTP benchmark (benchmarks/http.py) is not available: run it from a "
+                    "source checkout of Logbus",
+                    2,
+                ) from None
+            sys.modules.pop("benchmarks", None)
+            sys.path.insert(0, str(checkout))
+    run_bench = getattr(module, "run_bench", None)
+    if not callable(run_bench):
+        raise CliError("benchmarks/http.py has no run_bench(args) function", 2)
+    return run_bench  # type: ignore[no-any-return]

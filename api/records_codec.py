@@ -42,8 +42,28 @@ def _b64(raw: Any, where: str) -> bytes:
         raise bad_request(f"{where} is not valid base64") from None
 
 
-def parse_record(obj: Any, where: str, now_ms: int) -> tuple[int | None, Record]:
-    """(explicit partition or None, record) from one JSON record object."""
+_SIMPLE_FIELDS = frozenset(("key", "value"))
+
+
+def parse_record(obj: Any, now_ms: int, where: str, index: int) -> tuple[int | None, Record]:
+    """(explicit partition or None, record) from one JSON record object.
+
+    ``where % index`` names the record in error messages (formatted only on the slow path).
+    """
+    if type(obj) is dict and obj.keys() <= _SIMPLE_FIELDS:  # the common shape, fast
+        k = obj.get("key")
+        v = obj.get("value")
+        if k is None or type(k) is str:
+            return None, Record(
+                None if v is None else orjson.dumps(v),
+                None if k is None else k.encode(),
+                (),
+                now_ms,
+            )
+    return _parse_record_full(obj, where % index, now_ms)
+
+
+def _parse_record_full(obj: Any, where: str, now_ms: int) -> tuple[int | None, Record]:
     if not isinstance(obj, dict):
         raise bad_request(f"{where} must be an object")
     if not _RECORD_FIELDS.issuperset(obj):
@@ -111,7 +131,7 @@ def parse_json_body(body: bytes, max_records: int, now_ms: int) -> list[tuple[in
         raise bad_request("no records in the request")
     if len(records) > max_records:
         raise too_many_records(max_records)
-    return [parse_record(r, f"records[{i}]", now_ms) for i, r in enumerate(records)]
+    return [parse_record(r, now_ms, "records[%d]", i) for i, r in enumerate(records)]
 
 
 def too_many_records(limit: int) -> LogbusError:

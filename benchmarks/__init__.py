@@ -1,0 +1,1 @@
+"""Micro-benchmarks of Logbus: ``python -m benchmarks.<name>``; see docs/benchmarks.md."""

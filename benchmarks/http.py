@@ -1,0 +1,452 @@
+"""``logbus bench``: the single-broker HTTP service, measured against this machine's own limits.
+
+One run measures, on loopback with 100-byte records:
+
+* the limits: raw sequential file append (no fsync) and loopback TCP copy;
+* binary batch produce (1 MiB batches, acks=1), JSON produce (1,000 records per request),
+  one small JSON record per request over 64 connections (acks=1 and acks=all);
+* binary fetch from page cache, JSON fetch;
+* produce → long-poll consumer latency p50/p99 at 1,000 records/s.
+
+Request-rate and throughput runs use ``wrk`` (C, one thread: the server keeps the other core);
+the latency run is an asyncio client. Every figure is printed with its target and its ratio to
+the machine limit. ``--json`` saves them, ``--plot`` draws them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from api.process import BrokerProcess
+from core_log.batch import Record, build_batch
+
+RECORD_BYTES = 100
+MIB = 1024 * 1024
+
+
+@dataclass
+class Figure:
+    name: str
+    value: float
+    unit: str
+    target: float | None = None
+    limit_name: str | None = None
+    ratio_to_limit: float | None = None
+    note: str = ""
+
+    @property
+    def met(self) -> bool | None:
+        if self.target is None:
+            return None
+        if self.unit.startswith("ms"):
+            return self.value <= self.target
+        return self.value >= self.target
+
+
+# -- machine limits ----------------------------------------------------------------------------
+
+
+def raw_append_mb_s(directory: Path, total_bytes: int = 1024 * MIB) -> float:
+    """Sequential 1 MiB writes to a new file, no fsync: the disk/page-cache append limit."""
+    buf = os.urandom(MIB)
+    path = directory / "raw-append.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        start = time.perf_counter()
+        for _ in range(total_bytes // MIB):
+            os.write(fd, buf)
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        path.unlink()
+    return total_bytes / elapsed / 1e6
+
+
+def loopback_mb_s(total_bytes: int = 2048 * MIB) -> float:
+    """TCP copy over 127.0.0.1 with 1 MiB sends: the network path's limit here."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+
+    def sink() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while conn.recv(4 * MIB):
+                pass
+
+    t = threading.Thread(target=sink, daemon=True)
+    t.start()
+    buf = b"\0" * MIB
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        start = time.perf_counter()
+        for _ in range(total_bytes // MIB):
+            c.sendall(buf)
+        c.shutdown(socket.SHUT_WR)
+        t.join()
+        elapsed = time.perf_counter() - start
+    server.close()
+    return total_bytes / elapsed / 1e6
+
+
+# -- wrk ---------------------------------------------------------------------------------------
+
+_LUA = """
+wrk.method = "{method}"
+wrk.headers["Content-Type"] = "{content_type}"
+wrk.headers["Accept"] = "{accept}"
+{body}
+"""
+
+
+@dataclass
+class WrkResult:
+    requests_per_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    errors: int
+
+
+def run_wrk(
+    url: str,
+    workdir: Path,
+    *,
+    seconds: float,
+    connections: int,
+    method: str = "GET",
+    body: bytes | None = None,
+    content_type: str = "application/json",
+    accept: str = "application/json",
+) -> WrkResult:
+    body_lua = ""
+    if body is not None:
+        body_path = workdir / f"body-{len(body)}-{hash(body) & 0xFFFF}.bin"
+        body_path.write_bytes(body)
+        body_lua = f'local f = io.open("{body_path}", "rb")\nwrk.body = f:read("*all")\nf:close()'
+    script = workdir / "bench.lua"
+    script.write_text(
+        _LUA.format(method=method, content_type=content_type, accept=accept, body=body_lua)
+    )
+    cmd = [
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--latency",
+        "--timeout",
+        "10s",
+        "-s",
+        str(script),
+        url,
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
+    errors = sum(int(n) for n in re.findall(r"Non-2xx or 3xx responses:\s+(\d+)", out))
+    errors += sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    if errors:
+        raise RuntimeError(f"wrk saw {errors} failed requests to {url}:\n{out}")
+    return WrkResult(rps, _wrk_percentile(out, "50%"), _wrk_percentile(out, "99%"), errors)
+
+
+def _wrk_percentile(out: str, label: str) -> float:
+    m = re.search(rf"^\s+{label}\s+([\d.]+)(us|ms|s)", out, re.M)
+    if m is None:
+        return float("nan")
+    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[m[2]]
+    return float(m[1]) * scale
+
+
+# -- payloads ----------------------------------------------------------------------------------
+
+
+def binary_batch(size_bytes: int = MIB) -> tuple[bytes, int]:
+    """The largest uncompressed batch of 100-byte records within ``size_bytes``."""
+    value = b"x" * RECORD_BYTES
+    per_record = (len(build_batch([Record(value, timestamp=0)] * 1001)) - 61) / 1001
+    n = int((size_bytes - 61) // per_record)
+    batch = build_batch([Record(value, timestamp=0)] * n)
+    while len(batch) > size_bytes:
+        n -= 1
+        batch = build_batch([Record(value, timestamp=0)] * n)
+    return batch, n
+
+
+def json_body(n: int) -> bytes:
+    # A 100-byte value: a JSON string of 98 characters plus its quotes.
+    value = "v" * (RECORD_BYTES - 2)
+    return orjson.dumps({"records": [{"value": value} for _ in range(n)]})
+
+
+# -- latency -----------------------------------------------------------------------------------
+
+
+async def produce_to_consume_latency(
+    base: str, topic: str, rate_per_s: int, seconds: float
+) -> tuple[float, float, int]:
+    """p50/p99 (ms) from sending a record to a long-polling consumer receiving it."""
+    sent: dict[int, float] = {}
+    latencies: list[float] = []
+    stop = asyncio.Event()
+    limits = httpx.Limits(max_connections=4)
+    async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
+        start_offset = (await client.get(f"/v1/topics/{topic}/partitions/0/offsets")).json()[
+            "offset"
+        ]
+
+        async def consume() -> None:
+            offset = start_offset
+            while not stop.is_set() or offset < start_offset + len(sent):
+                r = await client.get(
+                    f"/v1/topics/{topic}/partitions/0/records",
+                    params={"offset": offset, "wait_ms": 1000},
+                )
+                now = time.perf_counter()
+                doc = r.json()
+                for rec in doc["records"]:
+                    seq = rec["value"]["seq"]
+                    if seq in sent:
+                        latencies.append((now - sent[seq]) * 1000)
+                offset = doc["next_offset"]
+                if stop.is_set() and not doc["records"]:
+                    break
+
+        consumer = asyncio.create_task(consume())
+        await asyncio.sleep(0.2)
+        interval = 1 / rate_per_s
+        t0 = time.perf_counter()
+        seq = 0
+        while time.perf_counter() - t0 < seconds:
+            target = t0 + seq * interval
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent[seq] = time.perf_counter()
+            await client.post(
+                f"/v1/topics/{topic}/records",
+                params={"acks": "1"},
+                json={"records": [{"value": {"seq": seq}}]},
+            )
+            seq += 1
+        stop.set()
+        await asyncio.wait_for(consumer, 30)
+    latencies.sort()
+    p50 = statistics.median(latencies)
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return p50, p99, len(latencies)
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def run(url: str, workdir: Path, seconds: float, raw_mb_s: float, loop_mb_s: float) -> list[Figure]:
+    figures: list[Figure] = []
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for name in ("bench-bin", "bench-json", "bench-small", "bench-small-all", "bench-lat"):
+            c.delete(f"/v1/topics/{name}")
+            c.post("/v1/topics", json={"name": name, "partitions": 1}).raise_for_status()
+
+    batch, batch_records = binary_batch()
+    r = run_wrk(
+        f"{url}/v1/topics/bench-bin/partitions/0/records?acks=1",
+        workdir,
+        seconds=seconds,
+        connections=4,
+        method="POST",
+        body=batch,
+        content_type="application/vnd.logbus.batch",
+    )
+    mb_s = r.requests_per_s * len(batch) / 1e6
+    figures.append(
+        Figure(
+            "binary produce, 1 MiB batches, acks=1",
+            mb_s,
+            "MB/s",
+            300,
+            "raw disk append",
+            mb_s / raw_mb_s,
+            f"{r.requests_per_s * batch_records:,.0f} records/s",
+        )
+    )
+
+    body = json_body(1000)
+    r = run_wrk(
+        f"{url}/v1/topics/bench-json/records",
+        workdir,
+        seconds=seconds,
+        connections=8,
+        method="POST",
+        body=body,
+    )
+    figures.append(
+        Figure(
+            "JSON produce, 1,000 records/request, acks=all",
+            r.requests_per_s * 1000,
+            "records/s",
+            300_000,
+            note=f"{r.requests_per_s:,.0f} requests/s, p99 {r.latency_p99_ms:.1f} ms",
+        )
+    )
+
+    small = orjson.dumps({"records": [{"value": "v" * (RECORD_BYTES - 2)}]})
+    for acks, topic in (("1", "bench-small"), ("all", "bench-small-all")):
+        r = run_wrk(
+            f"{url}/v1/topics/{topic}/records?acks={acks}",
+            workdir,
+            seconds=seconds,
+            connections=64,
+            method="POST",
+            body=small,
+        )
+        figures.append(
+            Figure(
+                f"one JSON record/request, 64 connections, acks={acks}",
+                r.requests_per_s,
+                "requests/s",
+                8000,
+                note=f"p50 {r.latency_p50_ms:.1f} ms, p99 {r.latency_p99_ms:.1f} ms",
+            )
+        )
+
+    fetch_url = f"{url}/v1/topics/bench-bin/partitions/0/records?offset=0&max_bytes={MIB}"
+    size = len(httpx.get(fetch_url, headers={"accept": "application/vnd.logbus.batch"}).content)
+    r = run_wrk(
+        fetch_url, workdir, seconds=seconds, connections=4, accept="application/vnd.logbus.batch"
+    )
+    mb_s = r.requests_per_s * size / 1e6
+    figures.append(
+        Figure(
+            "binary fetch from page cache",
+            mb_s,
+            "MB/s",
+            1000,
+            "loopback TCP",
+            mb_s / loop_mb_s,
+            f"{size / MIB:.2f} MiB per response",
+        )
+    )
+
+    fetch_url = f"{url}/v1/topics/bench-json/partitions/0/records?offset=0&max_records=1000"
+    got = len(httpx.get(fetch_url).json()["records"])
+    r = run_wrk(fetch_url, workdir, seconds=seconds, connections=4)
+    figures.append(
+        Figure(
+            "JSON fetch",
+            r.requests_per_s * got,
+            "records/s",
+            500_000,
+            note=f"{got} records per response",
+        )
+    )
+
+    p50, p99, n = asyncio.run(produce_to_consume_latency(url, "bench-lat", 1000, seconds))
+    figures.append(Figure("produce→long-poll latency p50 at 1,000 records/s", p50, "ms"))
+    figures.append(
+        Figure(
+            "produce→long-poll latency p99 at 1,000 records/s", p99, "ms", 10, note=f"{n} records"
+        )
+    )
+    return figures
+
+
+def print_table(figures: list[Figure], limits: dict[str, float]) -> None:
+    print("\nmachine limits: " + ", ".join(f"{k} {v:,.0f} MB/s" for k, v in limits.items()))
+    print(f"{'measure':<58} {'value':>14} {'unit':<11} {'target':>9} {'met':>4}  ratio / note")
+    for f in figures:
+        met = {True: "yes", False: "NO", None: ""}[f.met]
+        target = "" if f.target is None else f"{f.target:,.0f}"
+        ratio = f"{f.ratio_to_limit:.0%} of {f.limit_name}; " if f.ratio_to_limit else ""
+        print(f"{f.name:<58} {f.value:>14,.1f} {f.unit:<11} {target:>9} {met:>4}  {ratio}{f.note}")
+
+
+def plot(figures: list[Figure], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targeted = [f for f in figures if f.target]
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(targeted) + 1.5))
+    names = [f.name for f in targeted]
+    ratios = [
+        (f.target / f.value if f.unit.startswith("ms") else f.value / f.target) if f.target else 0
+        for f in targeted
+    ]
+    colors = ["tab:green" if r >= 1 else "tab:red" for r in ratios]
+    ax.barh(names, ratios, color=colors)
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xlabel("achieved / target (≥ 1 meets the target; latency: target / achieved)")
+    for i, f in enumerate(targeted):
+        ax.text(ratios[i], i, f"  {f.value:,.0f} {f.unit}", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_title("logbus bench: single broker on loopback, 2 cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    if shutil.which("wrk") is None:
+        print("logbus bench needs wrk: apt-get install -y wrk", flush=True)
+        return 2
+    seconds = float(getattr(args, "seconds", None) or 5)
+    base_dir = Path(getattr(args, "data_dir", None) or "bench-data")
+    base_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-", dir=base_dir))
+    try:
+        raw = raw_append_mb_s(workdir)
+        loop = loopback_mb_s()
+        limits = {"raw disk append": raw, "loopback TCP": loop}
+        broker = None
+        url = getattr(args, "url", None)
+        if not url:
+            broker = BrokerProcess(workdir / "data").start()
+            url = broker.url
+        try:
+            figures = run(url, workdir, seconds, raw, loop)
+        finally:
+            if broker is not None:
+                broker.stop()
+        print_table(figures, limits)
+        out: dict[str, Any] = {
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "cpus": os.cpu_count(),
+            "limits_mb_s": limits,
+            "figures": [asdict(f) | {"met": f.met} for f in figures],
+        }
+        if getattr(args, "json", None):
+            Path(args.json).write_text(json.dumps(out, indent=2))
+        if getattr(args, "plot", None):
+            plot(figures, Path(args.plot))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url")
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--json")
+    parser.add_argument("--plot")
+    parser.add_argument("--data-dir")
+    return run_bench(parser.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
