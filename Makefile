@@ -33,6 +33,11 @@ test: $(STAMP) lint typecheck
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow -q
 
+bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[test,bench]'
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(BIN)/logbus bench --json docs/bench-http.json --plot docs/bench-http.png
+
 bench-storage: $(STAMP)
 	$(BIN)/python -m benchmarks.storage
 
