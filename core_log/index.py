@@ -54,17 +54,24 @@ class _IndexFile:
         self._pending += entry
 
     def flush(self, fsync: bool) -> None:
-        if not self._pending:
+        """Append the pending entries to the file.
+
+        Runs outside the log's lock, concurrently with appends that add entries: the pending
+        buffer is swapped out first (one atomic rebinding under the GIL), so an entry added
+        meanwhile lands in the new buffer and is written by the next flush — never lost, and
+        the appending thread never sees a buffer that is being written.
+        """
+        pending, self._pending = self._pending, bytearray()
+        if not pending:
             return
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, self._pending)
+            os.write(fd, pending)
             if fsync:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        self._persisted_entries += len(self._pending) // self._entry_bytes
-        self._pending.clear()
+        self._persisted_entries += len(pending) // self._entry_bytes
 
     def rewrite(self, data: bytes) -> None:
         """Replace the file with ``data`` (after truncation or a rebuild)."""

@@ -258,7 +258,7 @@ class LogSegment:
         if self._closed:
             return
         with self._handles.use(self._handle) as fd:
-            os.fsync(fd)
+            os.fdatasync(fd)  # data and the file size; other metadata is not needed to read
 
     def on_roll(self) -> None:
         """Called when this segment stops being active: index its final max timestamp."""
