@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import sys
 from pathlib import Path
+from types import FrameType
 
+import uvicorn
+
+from .fastpath import FastPath
 from .settings import Settings
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -39,8 +45,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from .app import create_app
 
     overrides = {
@@ -68,8 +72,9 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"Logbus API:  {base}/v1", flush=True)
     print(f"Docs UI:     {base}/docs", flush=True)
     print(f"Data dir:    {settings.data_dir.resolve()}", flush=True)
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level="warning",
@@ -77,7 +82,28 @@ def _serve(args: argparse.Namespace) -> int:
         limit_concurrency=10_000,
         backlog=2048,
     )
+    _Server(config, app).run()
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, plus: on SIGTERM/SIGINT, answer every pending long-poll at once.
+
+    Otherwise a long-poll keeps its connection busy for up to ``wait_ms`` and the graceful
+    shutdown waits for it (or cuts it off with a 500 after its timeout).
+    """
+
+    def __init__(self, config: uvicorn.Config, app: FastPath) -> None:
+        super().__init__(config)
+        self.logbus_app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        state = self.logbus_app.state
+        if state is not None:
+            with contextlib.suppress(RuntimeError):  # no loop running: nothing to release
+                loop = asyncio.get_running_loop()
+                loop.call_soon_threadsafe(state.broker.logs.release_waiters)
+        super().handle_exit(sig, frame)
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ class FastPath:
     ) -> None:
         started = time.perf_counter()
         headers = _headers(scope)
-        query = dict(parse_qsl(scope["query_string"].decode("latin-1")))
+        query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
         route = "produce" if method == "POST" else "fetch"
         try:
             if method == "POST":
@@ -99,15 +99,11 @@ class FastPath:
                     headers.get("content-type"),
                     body_chunks(receive),
                 )
-                state.metrics.bytes_in.labels(topic).inc(reply.size_bytes)
-                state.metrics.records_in.labels(topic).inc(reply.records)
             else:
                 assert partition is not None
                 reply = await records.fetch(
                     state.broker, state.settings, topic, partition, query, headers.get("accept")
                 )
-                state.metrics.bytes_out.labels(topic).inc(reply.size_bytes)
-                state.metrics.records_out.labels(topic).inc(reply.records)
         except ClientDisconnected:
             return
         except LogbusError as e:
@@ -117,8 +113,15 @@ class FastPath:
             internal = LogbusError("internal error", code=ErrorCode.UNKNOWN_SERVER_ERROR)
             reply = records.Reply(500, problem_bytes(internal), PROBLEM_JSON)
         await send_reply(send, reply)
-        state.metrics.requests.labels(route, method, str(reply.status)).inc()
-        state.metrics.latency.labels(route).observe(time.perf_counter() - started)
+        state.metrics.observe(
+            route,
+            method,
+            topic,
+            reply.status,
+            time.perf_counter() - started,
+            reply.records,
+            reply.size_bytes,
+        )
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -75,5 +75,26 @@ class Metrics:
         self.records_out = Counter("logbus_records_out", "Records fetched", ["topic"], registry=r)
         r.register(_PartitionCollector(broker))
 
+    def observe(
+        self,
+        route: str,
+        method: str,
+        topic: str,
+        status: int,
+        seconds: float,
+        records: int = 0,
+        size_bytes: int = 0,
+    ) -> None:
+        """Count one produce or fetch request (either path: fast or FastAPI)."""
+        self.requests.labels(route, method, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+        if status < 300:
+            if route == "produce":
+                self.bytes_in.labels(topic).inc(size_bytes)
+                self.records_in.labels(topic).inc(records)
+            else:
+                self.bytes_out.labels(topic).inc(size_bytes)
+                self.records_out.labels(topic).inc(records)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -34,7 +34,7 @@ from core_log.batch import (
 from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
 
 from .problems import bad_request, payload_too_large, unsupported_media_type
-from .records_codec import parse_json_body, parse_record, record_to_json, too_many_records
+from .records_codec import loads, parse_json_body, parse_record, record_to_json, too_many_records
 from .settings import Settings
 
 JSON = "application/json"
@@ -208,8 +208,8 @@ async def _parse_ndjson(
         if len(out) >= settings.max_records_per_request:
             raise too_many_records(settings.max_records_per_request)
         try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as e:
+            obj = loads(line)
+        except ValueError as e:
             raise bad_request(f"line {line_no}: malformed JSON: {e}") from None
         out.append(parse_record(obj, now, "line %d", line_no))
 
@@ -283,17 +283,15 @@ async def fetch(
     isolation = query.get("isolation", "read_uncommitted")
     if isolation not in ("read_uncommitted", "read_committed"):
         raise bad_request("isolation must be read_uncommitted or read_committed")
-    p = broker.partition(topic, partition)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     while True:
+        p = broker.partition(topic, partition)  # again after a wait: it may have been deleted
         result = await p.read(offset, max_bytes)
         remaining = deadline - loop.time()
-        if len(result.data) >= min_bytes or remaining <= 0:
+        if len(result.data) >= min_bytes or remaining <= 0 or p.released:
             break
-        if not await p.wait_for(max(offset, result.high_watermark), remaining):
-            result = await p.read(offset, max_bytes)
-            break
+        await p.wait_for(max(offset, result.high_watermark), remaining)
     hw = result.high_watermark
     if kind == BATCH:
         next_offset = result.next_offset if result.data else offset

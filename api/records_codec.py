@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import re
 from typing import Any
 
 import orjson
@@ -55,7 +57,7 @@ def parse_record(obj: Any, now_ms: int, where: str, index: int) -> tuple[int | N
         v = obj.get("value")
         if k is None or type(k) is str:
             return None, Record(
-                None if v is None else orjson.dumps(v),
+                None if v is None else dumps_value(v),
                 None if k is None else k.encode(),
                 (),
                 now_ms,
@@ -84,7 +86,7 @@ def _parse_record_full(obj: Any, where: str, now_ms: int) -> tuple[int | None, R
             raise bad_request(f"{where}: give value or value_b64, not both")
         value = _b64(obj["value_b64"], f"{where}.value_b64")
     elif (v := obj.get("value")) is not None:
-        value = orjson.dumps(v)
+        value = dumps_value(v)
     headers: tuple[tuple[str, bytes | None], ...] = ()
     if (hs := obj.get("headers")) is not None:
         headers = _parse_headers(hs, f"{where}.headers")
@@ -116,17 +118,36 @@ def _parse_headers(hs: Any, where: str) -> tuple[tuple[str, bytes | None], ...]:
     return tuple(out)
 
 
+# orjson reads integers beyond 64 bits as floats; a body that may hold one (a run of 20+
+# digits) is parsed with the standard library instead, which keeps them exact.
+_LONG_DIGITS = re.compile(rb"\d{20}")
+
+
+def loads(raw: bytes) -> Any:
+    """Parse JSON exactly (see _LONG_DIGITS). Raises ValueError on malformed input."""
+    if _LONG_DIGITS.search(raw):
+        return json.loads(raw)
+    return orjson.loads(raw)
+
+
+def dumps_value(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # an integer beyond 64 bits, parsed exactly by the standard library
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def parse_json_body(body: bytes, max_records: int, now_ms: int) -> list[tuple[int | None, Record]]:
     try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
+        doc = loads(body)
+    except ValueError as e:
         raise bad_request(f"malformed JSON: {e}") from None
-    if isinstance(doc, dict):
-        records = doc.get("records")
-        if not isinstance(records, list):
-            raise bad_request('the body must be {"records": [...]}')
-    else:
+    if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
         raise bad_request('the body must be {"records": [...]}')
+    if len(doc) != 1:
+        unknown = sorted(k for k in doc if k != "records")
+        raise bad_request(f'unknown top-level fields {unknown}: the body is {{"records": [...]}}')
+    records = doc["records"]
     if not records:
         raise bad_request("no records in the request")
     if len(records) > max_records:

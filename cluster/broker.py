@@ -17,6 +17,7 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import uuid
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from core_log.clock import Clock, SystemClock
-from core_log.config import LogConfig
+from core_log.config import KEYS_BY_NAME, LogConfig
 from core_log.errors import (
     ErrorCode,
     InvalidConfigError,
@@ -174,9 +175,21 @@ class Broker:
         async with self._admin_lock:
             await asyncio.to_thread(self.store.create_topic, meta)
             self._topics[name] = meta
-            for p in range(partitions):
-                await self.logs.create(name, p, log_config)
+            try:
+                for p in range(partitions):
+                    await self.logs.create(name, p, log_config)
+            except BaseException:
+                await self._undo_create(name, partitions)
+                raise
         return meta
+
+    async def _undo_create(self, name: str, partitions: int) -> None:
+        """A topic whose logs could not all be created is removed again, row and logs."""
+        del self._topics[name]
+        await asyncio.to_thread(self.store.delete_topic, name)
+        for p in range(partitions):
+            with contextlib.suppress(UnknownTopicOrPartitionError):
+                await self.logs.delete(name, p)
 
     async def delete_topic(self, name: str) -> None:
         async with self._admin_lock:
@@ -192,8 +205,9 @@ class Broker:
             topic = self.topic(name)
             merged = {k: v for k, v in topic.configs.items() if k not in changes}
             merged.update({k: v for k, v in changes.items() if v is not None})
-            for key in changes:  # reject unknown keys even when resetting
-                LogConfig.from_dict({key: changes[key]} if changes[key] is not None else {})
+            unknown = sorted(set(changes) - set(KEYS_BY_NAME))
+            if unknown:
+                raise InvalidConfigError(f"unknown configs {unknown}", config=unknown[0])
             log_config = LogConfig.from_dict(merged)
             updated = await asyncio.to_thread(
                 self.store.update_topic, name, topic.version, configs=log_config.overrides()

@@ -77,6 +77,7 @@ class Partition:
         self._flush_task: asyncio.Task[int] | None = None
         self.last_flush_ms = log.clock.monotonic_ms()
         self.checkpointed: tuple[int, int, int] = (-1, -1, -1)
+        self.released = False
 
     @property
     def high_watermark(self) -> int:
@@ -146,11 +147,14 @@ class Partition:
     async def wait_for(self, offset: int, timeout_s: float) -> bool:
         """Wait until the high watermark passes ``offset``; False on timeout.
 
-        Returns at once (True if data is there) when the waiter bound is reached.
+        Returns at once (True if data is there) when the waiter bound is reached, and False
+        once the partition is released (deleted, or the broker is shutting down).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self.log.high_watermark <= offset:
+            if self.released:
+                return False
             remaining = deadline - loop.time()
             if remaining <= 0 or len(self._waiters) >= MAX_WAITERS_PER_PARTITION:
                 return False
@@ -169,8 +173,9 @@ class Partition:
     def waiter_count(self) -> int:
         return len(self._waiters)
 
-    def wake_all(self) -> None:
-        """Release every waiter (partition deleted or broker closing)."""
+    def release_waiters(self) -> None:
+        """Answer every waiter now and every later one at once (deleted, or shutting down)."""
+        self.released = True
         self._wake()
 
 
@@ -246,8 +251,7 @@ class LogManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        for p in self._partitions.values():
-            p.wake_all()
+        self.release_waiters()
         await asyncio.to_thread(self._close_all)
         self.started = False
 
@@ -297,15 +301,22 @@ class LogManager:
         """Remove a partition: renamed at once (so a crash cannot resurrect it), then erased."""
         p = self.get(topic, partition)
         del self._partitions[(topic, partition)]
-        p.wake_all()
+        p.release_waiters()
         await asyncio.to_thread(self._delete_files, p.log)
 
     def _delete_files(self, log: PartitionLog) -> None:
         log.close()
-        target = log.directory.with_name(f"{log.directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
+        # Not named after the topic: a 249-character topic name plus a suffix would pass the
+        # 255-byte limit of a file name.
+        target = log.directory.with_name(f"{uuid.uuid4().hex}{DELETE_SUFFIX}")
         os.replace(log.directory, target)
         fsync_dir(self.data_dir)
         shutil.rmtree(target, ignore_errors=True)
+
+    def release_waiters(self) -> None:
+        """Answer every long-poll now (the broker is about to stop)."""
+        for p in self._partitions.values():
+            p.release_waiters()
 
     def update_config(self, topic: str, config: LogConfig) -> None:
         for (t, _), p in self._partitions.items():

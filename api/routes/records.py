@@ -6,13 +6,17 @@ FastAPI routing; both call :mod:`api.records`.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
+from core_log.errors import LogbusError
+
 from .. import records
 from ..schemas import FetchResponse, ProduceResponse
-from ..state import StateDep
+from ..state import AppState, StateDep
 from .common import errors
 
 router = APIRouter(prefix="/v1/topics", tags=["records"])
@@ -96,7 +100,27 @@ Acks = Annotated[
 ]
 
 
-async def _reply(reply: records.Reply) -> Response:
+async def _serve(
+    state: AppState, route: str, method: str, topic: str, call: Awaitable[records.Reply]
+) -> Response:
+    """Await the shared handler, count it in the metrics like the fast path does."""
+    started = time.perf_counter()
+    try:
+        reply = await call
+    except LogbusError as e:
+        state.metrics.observe(
+            route, method, topic, e.code.http_status, time.perf_counter() - started
+        )
+        raise
+    state.metrics.observe(
+        route,
+        method,
+        topic,
+        reply.status,
+        time.perf_counter() - started,
+        reply.records,
+        reply.size_bytes,
+    )
     assert isinstance(reply.body, bytes)
     return Response(reply.body, reply.status, reply.headers, media_type=reply.content_type)
 
@@ -111,7 +135,7 @@ async def _reply(reply: records.Reply) -> Response:
 async def produce_records(
     topic: str, request: Request, state: StateDep, acks: Acks = None
 ) -> Response:
-    reply = await records.produce(
+    call = records.produce(
         state.broker,
         state.settings,
         topic,
@@ -120,7 +144,7 @@ async def produce_records(
         request.headers.get("content-type"),
         request.stream(),
     )
-    return await _reply(reply)
+    return await _serve(state, "produce", "POST", topic, call)
 
 
 @router.post(
@@ -133,7 +157,7 @@ async def produce_records(
 async def produce_partition_records(
     topic: str, partition: int, request: Request, state: StateDep, acks: Acks = None
 ) -> Response:
-    reply = await records.produce(
+    call = records.produce(
         state.broker,
         state.settings,
         topic,
@@ -142,7 +166,7 @@ async def produce_partition_records(
         request.headers.get("content-type"),
         request.stream(),
     )
-    return await _reply(reply)
+    return await _serve(state, "produce", "POST", topic, call)
 
 
 @router.get(
@@ -163,7 +187,7 @@ async def fetch_records(
     wait_ms: Annotated[int | None, Query(ge=0, description="long-poll up to this long")] = None,
     isolation: Annotated[str | None, Query(examples=["read_uncommitted"])] = None,
 ) -> Response:
-    reply = await records.fetch(
+    call = records.fetch(
         state.broker,
         state.settings,
         topic,
@@ -171,7 +195,7 @@ async def fetch_records(
         request.query_params,
         request.headers.get("accept"),
     )
-    return await _reply(reply)
+    return await _serve(state, "fetch", "GET", topic, call)
 
 
 __all__ = ["FetchResponse", "router"]
