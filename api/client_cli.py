@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import importlib
 import json
 import os
 import queue
@@ -50,7 +49,7 @@ LONG_POLL_MS = 30_000  # below the broker's max_wait_ms (60 s)
 BATCH_TYPE = "application/vnd.logbus.batch"
 MAX_BATCH_LINES = 100_000  # the broker's max_records_per_request
 MAX_BODY_BYTES = 8 * 1024 * 1024  # well below the broker's max_request_bytes (64 MiB)
-CONNECT_RETRIES = 2  # only connection establishment is retried: a produce is not idempotent
+CONNECT_RETRIES = 1  # only connection establishment is retried: a produce is not idempotent
 
 _ENVELOPE = frozenset(("type", "title", "status", "code", "retriable", "detail", "errors"))
 
@@ -996,7 +995,7 @@ class _Fetcher:
         params: dict[str, Any] = {"wait_ms": LONG_POLL_MS} if self.follow else {}
         while end is None or offset < end:
             params["offset"] = offset
-            response = await self.get(path, params, binary=True)
+            response = await self._fetch(partition, path, params)
             if response.status_code == 416:
                 offset = self._reset(partition, offset, response)
                 continue
@@ -1014,6 +1013,30 @@ class _Fetcher:
             if next_offset <= offset and not self.follow:
                 return  # no progress below the high watermark: nothing more to read
             offset = next_offset
+
+    async def _fetch(self, partition: int, path: str, params: dict[str, Any]) -> httpx.Response:
+        """One fetch; with --follow, a lost or failing broker is waited for: a broker restart
+        does not end a tail."""
+        import asyncio
+
+        delay = 0.5
+        while True:
+            try:
+                response = await self.get(path, params, binary=True)
+            except CliError as e:
+                if not self.follow:
+                    raise
+                problem = str(e)
+            else:
+                if not self.follow or response.status_code < 500:
+                    return response
+                problem = _problem_text(response)
+            print(
+                f"logbus consume: partition {partition}: {problem}; retrying in {delay:g} s",
+                file=sys.stderr,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
     def _decode(self, data: bytes, offset: int, end: int | None) -> list[Record]:
         out: list[Record] = []
@@ -1073,38 +1096,8 @@ class _Fetcher:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    run_bench = _load_run_bench()
-    result = run_bench(args)
-    return result if isinstance(result, int) else 0
-
-
-def _load_run_bench() -> Callable[[argparse.Namespace], Any]:
-    """``benchmarks.http.run_bench``; from the source checkout when the package is not importable.
-
-    ``benchmarks`` is not an installed package: ``python -m api.cli`` in the repository finds it
-    on the path, the ``logbus`` script of an editable install finds it next to ``api/``.
-    """
-    checkout = Path(__file__).resolve().parent.parent
-    for attempt in range(2):
-        try:
-            module = importlib.import_module("benchmarks.http")
-            break
-        except ModuleNotFoundError as e:
-            if e.name not in ("benchmarks", "benchmarks.http"):
-                raise CliError(
-                    f"the benchmark needs the module {e.name!r}: install it "
-                    f"(pip install {e.name.split('.')[0] if e.name else '...'})",
-                    2,
-                ) from None
-            if attempt or not (checkout / "benchmarks" / "http.py").is_file():
-                raise CliError(
-                    "the HTTP benchmark (benchmarks/http.py) is not available: run it from a "
-                    "source checkout of Logbus",
-                    2,
-                ) from None
-            sys.modules.pop("benchmarks", None)
-            sys.path.insert(0, str(checkout))
-    run_bench = getattr(module, "run_bench", None)
-    if not callable(run_bench):
-        raise CliError("benchmarks/http.py has no run_bench(args) function", 2)
-    return run_bench  # type: ignore[no-any-return]
+    try:
+        from benchmarks.http import run_bench
+    except ModuleNotFoundError as e:  # an optional dependency of the benchmark
+        raise CliError(f"the benchmark needs {e.name!r}: pip install -e '.[bench]'", 2) from None
+    return run_bench(args)

@@ -131,7 +131,7 @@ def _parse(key: _Key, raw: Any) -> Any:
         raise InvalidConfigError(bad, config=key.name)
     try:
         value = key.kind(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InvalidConfigError(bad, config=key.name) from None
     if isinstance(raw, float) and key.kind is int and raw != value:
         raise InvalidConfigError(bad, config=key.name)

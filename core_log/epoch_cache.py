@@ -100,17 +100,18 @@ class LeaderEpochCache:
     def load(self) -> None:
         assert self.path is not None
         try:
-            lines = self.path.read_text().split("\n")
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return
         try:
+            lines = raw.decode().split("\n")
             version, count = int(lines[0]), int(lines[1])
             if version != _VERSION:
                 raise ValueError(f"version {version}")
             pairs = [tuple(map(int, line.split())) for line in lines[2 : 2 + count]]
             if len(pairs) != count or any(len(p) != 2 for p in pairs):
                 raise ValueError("entry count mismatch")
-        except (ValueError, IndexError) as e:
+        except (ValueError, IndexError) as e:  # UnicodeDecodeError is a ValueError
             raise KafkaStorageError(f"corrupt leader epoch checkpoint {self.path}: {e}") from e
         self.clear()
         for epoch, offset in pairs:

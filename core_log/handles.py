@@ -4,7 +4,9 @@ Every segment opens its ``.log`` through :meth:`HandleCache.use`, which keeps at
 ``max_open`` descriptors, closing the least recently used idle one when a new one is needed.
 A descriptor in use (a read or write in progress, counted under the cache's lock) or pinned
 (the active segment of a partition) is never closed, so a thread never reads through a
-descriptor that was closed and reused under it.
+descriptor that was closed and reused under it. Closing a handle in use (a segment deleted by
+retention while a flush syncs it outside the log's lock) retires it: the last user closes the
+descriptor, and a retired handle is never opened again (its file may be gone).
 """
 
 from __future__ import annotations
@@ -22,13 +24,18 @@ from .limits import DEFAULT_MAX_OPEN_SEGMENT_HANDLES
 class Handle:
     """The descriptor slot of one file; owned by a segment, managed by a cache."""
 
-    __slots__ = ("_fd", "_users", "path", "pinned")
+    __slots__ = ("_fd", "_users", "path", "pinned", "retired")
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.pinned = False
+        self.retired = False
         self._fd: int | None = None
         self._users = 0
+
+
+class RetiredHandleError(OSError):
+    """The handle's segment was closed or deleted; its file is not to be opened again."""
 
 
 class HandleCache:
@@ -46,25 +53,37 @@ class HandleCache:
     def use(self, h: Handle) -> Iterator[int]:
         """The open descriptor of ``h`` for the duration of the block."""
         with self._lock:
+            if h.retired:
+                raise RetiredHandleError(f"{h.path.name} is closed")
             if h._fd is None:
                 h._fd = os.open(h.path, os.O_RDWR | os.O_CREAT, 0o644)
             h._users += 1
             self._open[h] = None
             self._open.move_to_end(h)
             self._evict()
+            fd = h._fd
         try:
-            yield h._fd
+            yield fd
         finally:
             with self._lock:
                 h._users -= 1
+                if h.retired and h._users == 0:
+                    self._close_fd(h)
 
     def close(self, h: Handle) -> None:
+        """Retire ``h``: closed now, or by its last user if it is in use."""
         with self._lock:
-            assert h._users == 0, "closing a handle in use"
+            h.retired = True
+            h.pinned = False
             self._open.pop(h, None)
-            if h._fd is not None:
-                os.close(h._fd)
-                h._fd = None
+            if h._users == 0:
+                self._close_fd(h)
+
+    @staticmethod
+    def _close_fd(h: Handle) -> None:
+        if h._fd is not None:
+            os.close(h._fd)
+            h._fd = None
 
     def _evict(self) -> None:
         while len(self._open) > self.max_open:

@@ -25,6 +25,7 @@ Threading: one ``RLock`` guards the state; every public method is safe from any 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -166,35 +167,16 @@ class PartitionLog:
         headers = split_batches(view, strict=not as_follower)
         if not headers:
             raise InvalidRecordError("no record batch in the request")
-        for h in headers:
-            if h.size_bytes > self.config.max_message_bytes:
-                raise RecordTooLargeError(
-                    f"batch of {h.size_bytes} bytes exceeds max.message.bytes "
-                    f"{self.config.max_message_bytes}",
-                    max_message_bytes=self.config.max_message_bytes,
-                )
         with self._lock:
             self._check_open()
             if as_follower:
                 self._check_follower_offsets(headers)
             now = self.clock.now_ms()
             append_time = now if self.config.log_append_time and not as_follower else -1
-            target = self._target_compression()
+            batches = self._prepared(view, headers, append_time, as_follower)
             offset = self.log_end_offset
             first = headers[0].base_offset if as_follower else offset
-            position = 0
-            records = 0
-            for h in headers:
-                raw = view[position : position + h.size_bytes]
-                position += h.size_bytes
-                if not as_follower and (
-                    append_time >= 0 or (target is not None and target != h.compression)
-                ):
-                    converted = recompress(raw, target) if target is not None else bytes(raw)
-                    if append_time >= 0:
-                        converted = restamp(converted, append_time)
-                    raw = memoryview(converted)
-                    h = parse_header(raw)
+            for raw, h in batches:
                 if as_follower:
                     prefix = bytes(raw[:PREFIX_BYTES])
                     epoch = h.partition_leader_epoch
@@ -204,20 +186,49 @@ class PartitionLog:
                     h = dataclasses.replace(
                         h, base_offset=offset, partition_leader_epoch=leader_epoch
                     )
-                segment = self._segment_for(h, now)
+                segment = self._segment_for(h)
                 segment.append(prefix, raw[PREFIX_BYTES:], h)
                 if self.epochs.assign(epoch, h.base_offset):
                     self.epochs.store()
                 offset = h.next_offset
-                records += h.record_count
             return AppendResult(
                 base_offset=first,
                 last_offset=offset - 1,
                 batches=len(headers),
-                records=records,
+                records=sum(h.record_count for h in headers),
                 size_bytes=len(view),
                 log_append_time_ms=append_time,
             )
+
+    def _prepared(
+        self,
+        view: memoryview,
+        headers: list[BatchHeader],
+        append_time: int,
+        as_follower: bool,
+    ) -> list[tuple[memoryview, BatchHeader]]:
+        """Each batch as it will be stored (recompressed/restamped when the topic says so),
+        checked against ``max.message.bytes`` — all before the first byte is written."""
+        target = None if as_follower else self._target_compression()
+        out: list[tuple[memoryview, BatchHeader]] = []
+        position = 0
+        for h in headers:
+            raw = view[position : position + h.size_bytes]
+            position += h.size_bytes
+            if append_time >= 0 or (target is not None and target != h.compression):
+                converted = recompress(raw, target) if target is not None else bytes(raw)
+                if append_time >= 0:
+                    converted = restamp(converted, append_time)
+                raw = memoryview(converted)
+                h = parse_header(raw)
+            if h.size_bytes > self.config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {h.size_bytes} bytes exceeds max.message.bytes "
+                    f"{self.config.max_message_bytes}",
+                    max_message_bytes=self.config.max_message_bytes,
+                )
+            out.append((raw, h))
+        return out
 
     def _target_compression(self) -> Compression | None:
         kind = self.config.compression_type
@@ -236,14 +247,21 @@ class PartitionLog:
                 )
             expected = h.next_offset
 
-    def _segment_for(self, h: BatchHeader, now: int) -> LogSegment:
+    def _segment_for(self, h: BatchHeader) -> LogSegment:
         active = self._segments[-1]
-        expired = not active.is_empty and now - active.created_ms >= self.config.segment_ms
+        expired = self._segment_expired(active)
         if expired or not active.can_hold(h.last_offset, h.size_bytes, self.config.segment_bytes):
-            active = self._roll(h.base_offset, now)
+            active = self._roll(h.base_offset)
         return active
 
-    def _roll(self, base_offset: int, now: int) -> LogSegment:
+    def _segment_expired(self, segment: LogSegment) -> bool:
+        """``segment.ms`` counts from the first batch's timestamp, as in Kafka: it survives
+        restarts, and a segment that sat empty is not old."""
+        if segment.is_empty:
+            return False
+        return self.clock.now_ms() - segment.first_batch_ms >= self.config.segment_ms
+
+    def _roll(self, base_offset: int) -> LogSegment:
         """Close the active segment for appends and start a new one at ``base_offset``."""
         old = self._segments[-1]
         if old.is_empty:
@@ -252,13 +270,13 @@ class PartitionLog:
             old.delete()
         else:
             old.on_roll()
-        segment = self._new_segment(base_offset, now)
+        segment = self._new_segment(base_offset)
         segment.create()
         segment.pin(True)
         self._segments.append(segment)
         return segment
 
-    def _new_segment(self, base_offset: int, now: int) -> LogSegment:
+    def _new_segment(self, base_offset: int) -> LogSegment:
         c = self.config
         return LogSegment(
             self.directory,
@@ -266,17 +284,15 @@ class PartitionLog:
             self._handles,
             index_interval_bytes=c.index_interval_bytes,
             index_max_entries=max(1, c.segment_index_bytes // 8),
-            created_ms=now,
         )
 
     def roll_if_expired(self) -> bool:
         """Roll the active segment when ``segment.ms`` has passed (called by a timer)."""
         with self._lock:
             active = self._segments[-1]
-            now = self.clock.now_ms()
-            if active.is_empty or now - active.created_ms < self.config.segment_ms:
+            if not self._segment_expired(active):
                 return False
-            self._roll(active.next_offset, now)
+            self._roll(active.next_offset)
             return True
 
     # -- read ------------------------------------------------------------------------------------
@@ -329,9 +345,11 @@ class PartitionLog:
             for segment in self._segments:
                 if segment.max_timestamp < timestamp:
                     continue
-                found = segment.offset_for_timestamp(timestamp)
+                if segment.next_offset <= self._log_start_offset:
+                    continue
+                found = segment.offset_for_timestamp(timestamp, self._log_start_offset)
                 if found is not None:
-                    return max(found, self._log_start_offset)
+                    return found
             return None
 
     # -- durability ------------------------------------------------------------------------------
@@ -389,6 +407,9 @@ class PartitionLog:
             leo = self.log_end_offset
             if self.epochs.truncate_from_end(leo):
                 self.epochs.store()
+            # Whole batches go: when the log start was inside the cut batch, the log is now
+            # empty at its end (everything below it was already below the log start).
+            self._log_start_offset = min(self._log_start_offset, leo)
             self._high_watermark = min(self._high_watermark, leo)
             self._recovery_point = min(self._recovery_point, leo)
             return leo
@@ -399,7 +420,7 @@ class PartitionLog:
             self._check_open()
             for segment in self._segments:
                 segment.delete()
-            self._segments = [self._new_segment(offset, self.clock.now_ms())]
+            self._segments = [self._new_segment(offset)]
             self._segments[0].create()
             self._segments[0].pin(True)
             self._log_start_offset = self._high_watermark = self._recovery_point = offset
@@ -422,7 +443,7 @@ class PartitionLog:
                 return RetentionResult(0, 0, self._log_start_offset)
             now = self.clock.now_ms()
             if self._all_expired(now) and self._segments[-1].next_offset <= self._high_watermark:
-                self._roll(self._segments[-1].next_offset, now)  # so the last data can go too
+                self._roll(self._segments[-1].next_offset)  # so the last data can go too
             excess = self.size_bytes - c.retention_bytes if c.retention_bytes >= 0 else 0
             doomed: list[LogSegment] = []
             for segment in self._segments[:-1]:
@@ -481,12 +502,11 @@ class PartitionLog:
         checkpoint = read_json(self.directory / CHECKPOINT_FILE)
         state = checkpoint if isinstance(checkpoint, dict) else {}
         recovery_point = int(state.get("recovery_point", 0))
-        now = self.clock.now_ms()
         self.epochs.load()
-        self._segments = [self._new_segment(b, now) for b in bases]
+        self._segments = [self._new_segment(b) for b in bases]
         if not self._segments:
             start = int(state.get("log_start_offset", 0))
-            self._segments = [self._new_segment(start, now)]
+            self._segments = [self._new_segment(start)]
             self._segments[0].create()
         if clean_shutdown:
             for segment in self._segments:
@@ -519,15 +539,20 @@ class PartitionLog:
         def on_batch(h: BatchHeader) -> None:
             self.epochs.assign(h.partition_leader_epoch, h.base_offset)
 
+        def drop_later(i: int) -> None:
+            """Delete the segments after ``i``, last first: a crash part way leaves a log that
+            still ends at the damage, never one with a hole before intact later segments."""
+            for later in reversed(self._segments[i + 1 :]):
+                self.recovered_bytes_truncated += os.path.getsize(later.log_path)
+                later.delete()
+            del self._segments[i + 1 :]
+
         for i in range(first_dirty, len(self._segments)):
             segment = self._segments[i]
-            truncated = segment.recover(on_batch)
+            truncated = segment.recover(on_batch, before_truncate=functools.partial(drop_later, i))
             if truncated or (segment.is_empty and i < len(self._segments) - 1):
                 self.recovered_bytes_truncated += truncated
-                for later in self._segments[i + 1 :]:
-                    self.recovered_bytes_truncated += os.path.getsize(later.log_path)
-                    later.delete()
-                del self._segments[i + 1 :]
+                drop_later(i)
                 break
         if self._segments[-1].is_empty and len(self._segments) > 1:
             self._segments.pop().delete()

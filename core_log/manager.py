@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -46,10 +47,12 @@ from .limits import (
 )
 from .log import AppendResult, PartitionLog, ReadResult, RetentionResult
 
+log = logging.getLogger("logbus.storage")
+
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 DELETE_SUFFIX = "-delete"
 MAX_TOPIC_NAME_CHARS = 249
-_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 _PARTITION_DIR = re.compile(r"^(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)$")
 
 
@@ -59,7 +62,7 @@ def validate_topic_name(name: str) -> None:
         raise InvalidTopicError(f"topic name must be 1..{MAX_TOPIC_NAME_CHARS} characters")
     if name in (".", ".."):
         raise InvalidTopicError(f"topic name cannot be {name!r}")
-    if not _TOPIC_NAME.match(name):
+    if not _TOPIC_NAME.fullmatch(name):
         raise InvalidTopicError(
             f"topic name {name!r} may contain only ASCII letters, digits, '.', '_' and '-'"
         )
@@ -347,10 +350,13 @@ class LogManager:
         last_checkpoint = self.clock.monotonic_ms()
         while True:
             await asyncio.sleep(self.retention_check_interval_ms / 1000)
-            await self.run_retention()
-            if self.clock.monotonic_ms() - last_checkpoint >= self.checkpoint_interval_ms:
-                await self.write_checkpoints()
-                last_checkpoint = self.clock.monotonic_ms()
+            try:
+                await self.run_retention()
+                if self.clock.monotonic_ms() - last_checkpoint >= self.checkpoint_interval_ms:
+                    await self.write_checkpoints()
+                    last_checkpoint = self.clock.monotonic_ms()
+            except Exception:  # one bad pass must not stop retention for good
+                log.exception("retention/checkpoint pass failed; retrying next interval")
 
     async def run_retention(self) -> list[RetentionResult]:
         """One retention and ``segment.ms`` pass over every partition."""

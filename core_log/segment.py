@@ -24,12 +24,13 @@ from .batch import (
     HEADER,
     HEADER_BYTES,
     LOG_OVERHEAD,
+    MAGIC,
     BatchHeader,
     decode_records,
     validate_batch,
 )
 from .errors import CorruptRecordError, KafkaStorageError
-from .handles import Handle, HandleCache
+from .handles import Handle, HandleCache, RetiredHandleError
 from .index import IndexCorrupt, OffsetIndex, TimeIndex
 from .limits import MAX_BATCH_BYTES, MAX_RELATIVE_OFFSET
 
@@ -60,7 +61,6 @@ class LogSegment:
         *,
         index_interval_bytes: int,
         index_max_entries: int,
-        created_ms: int,
     ) -> None:
         self.base_offset = base_offset
         name = segment_name(base_offset)
@@ -74,7 +74,6 @@ class LogSegment:
         self.next_offset = base_offset
         self.max_timestamp = NO_TIMESTAMP
         self.offset_of_max_timestamp = base_offset
-        self.created_ms = created_ms
         self.first_batch_ms = NO_TIMESTAMP  # for segment.ms: the first batch's max timestamp
         self._bytes_since_index = 0
         self._closed = False
@@ -227,8 +226,9 @@ class LogSegment:
                 next_offset = h.next_offset
         return boundary, next_offset
 
-    def offset_for_timestamp(self, timestamp: int) -> int | None:
-        """The first offset in this segment whose record timestamp is >= ``timestamp``."""
+    def offset_for_timestamp(self, timestamp: int, min_offset: int = 0) -> int | None:
+        """The first offset >= ``min_offset`` in this segment whose record timestamp is >=
+        ``timestamp``."""
         if self.max_timestamp < timestamp:
             return None
         start_offset = self.time_index.lookup(timestamp)
@@ -244,7 +244,7 @@ class LogSegment:
                 if h2.max_timestamp >= timestamp:
                     data = os.pread(fd, h2.size_bytes, position)
                     for record in decode_records(data):
-                        if record.timestamp >= timestamp:
+                        if record.timestamp >= timestamp and record.offset >= min_offset:
                             return record.offset
                 position += h2.size_bytes
         return None
@@ -257,7 +257,8 @@ class LogSegment:
         self.time_index.flush(fsync=False)
         if self._closed:
             return
-        with self._handles.use(self._handle) as fd:
+        # Retention may delete this segment meanwhile: then there is nothing left to sync.
+        with contextlib.suppress(RetiredHandleError), self._handles.use(self._handle) as fd:
             os.fdatasync(fd)  # data and the file size; other metadata is not needed to read
 
     def on_roll(self) -> None:
@@ -301,16 +302,31 @@ class LogSegment:
         last = self.time_index.last_entry
         if last is not None:
             self.max_timestamp, self.offset_of_max_timestamp = last
-        _, position = self.offset_index.lookup(2**63 - 1)
+        entry_offset, position = self.offset_index.lookup(2**63 - 1)
+        if len(self.offset_index):
+            with self._handles.use(self._handle) as fd:
+                h = self._header_at(fd, position)
+            if h is None or h.last_offset != entry_offset:
+                raise IndexCorrupt(f"{self.offset_index.path.name}: last entry is not a batch")
         self._scan_tail(position)
 
     def _scan_tail(self, position: int) -> None:
-        """Walk headers from ``position`` to the end to learn next offset and max timestamp."""
+        """Walk headers from ``position`` to the end to learn next offset and max timestamp.
+
+        Trusts nothing it reads: a bad length or magic (an index entry that points inside a
+        batch, say) raises CorruptRecordError, and the caller rebuilds from a full scan.
+        """
         with self._handles.use(self._handle) as fd:
             while position < self.size:
                 h = self._header_at(fd, position)
-                if h is None or position + h.size_bytes > self.size:
-                    raise CorruptRecordError(f"{self.log_path.name}: torn batch at {position}")
+                if (
+                    h is None
+                    or h.magic != MAGIC
+                    or h.batch_length < HEADER_BYTES - LOG_OVERHEAD
+                    or h.size_bytes > MAX_BATCH_BYTES
+                    or position + h.size_bytes > self.size
+                ):
+                    raise CorruptRecordError(f"{self.log_path.name}: bad batch at {position}")
                 self.next_offset = h.next_offset
                 if h.max_timestamp > self.max_timestamp:
                     self.max_timestamp = h.max_timestamp
@@ -319,11 +335,17 @@ class LogSegment:
         if position != self.size:
             raise CorruptRecordError(f"{self.log_path.name}: size does not end on a batch")
 
-    def recover(self, on_batch: Callable[[BatchHeader], None] | None = None) -> int:
+    def recover(
+        self,
+        on_batch: Callable[[BatchHeader], None] | None = None,
+        before_truncate: Callable[[], None] | None = None,
+    ) -> int:
         """Re-validate every batch, rebuild both indexes, cut the file at the first bad batch.
 
         Returns the number of bytes truncated (0 when the segment was intact). ``on_batch`` sees
-        every valid batch in order (to rebuild the epoch cache and producer state).
+        every valid batch in order (to rebuild the epoch cache and producer state);
+        ``before_truncate`` runs just before the cut, so later segments can be removed first
+        and the cut is the step that commits the recovery.
         """
         self.offset_index.reset()
         self.time_index.reset()
@@ -351,6 +373,8 @@ class LogSegment:
                 position += h.size_bytes
             truncated = file_size - position
             if truncated:
+                if before_truncate is not None:
+                    before_truncate()
                 os.ftruncate(fd, position)
                 os.fsync(fd)
         self.size = position

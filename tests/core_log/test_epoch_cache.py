@@ -310,11 +310,6 @@ def test_a_corrupt_checkpoint_is_a_storage_error(tmp_path: Path, content: bytes)
     assert cache.entries == [(9, 90)]  # a failed load changes nothing
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: LeaderEpochCache.load decodes outside its try, so bytes that are not UTF-8 "
-    "raise UnicodeDecodeError instead of KafkaStorageError",
-)
 @pytest.mark.parametrize("content", [b"\xff\xfe0\n1\n", b"0\n1\n1 \x80\n"])
 def test_a_checkpoint_that_is_not_text_is_a_storage_error(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / EPOCH_FILE
@@ -365,7 +360,8 @@ class TruncationMachine(RuleBasedStateMachine):
     def append(self, n: int, new_epoch: bool, size: int) -> None:
         if new_epoch:
             self.epoch += 1
-        records = [Record(b"v" * size, key=b"k%d" % i) for i in range(n)]
+        now = self.clock.now_ms()  # stamped now: segment.ms counts from the first batch
+        records = [Record(b"v" * size, key=b"k%d" % i, timestamp=now) for i in range(n)]
         result = self.log.append(build_batch(records), leader_epoch=self.epoch)
         assert result.base_offset == self.leo
         self.batches.append((self.leo, self.leo + n - 1, self.epoch))
@@ -440,7 +436,8 @@ def test_truncate_to_example(tmp_path: Path) -> None:
     cfg = LogConfig.from_dict({"segment.bytes": 200})
     log = PartitionLog(tmp_path / "p", cfg, clock, HandleCache())
     for epoch, n in [(1, 5), (1, 5), (2, 5), (3, 5)]:  # batches [0,4] [5,9] [10,14] [15,19]
-        log.append(build_batch([Record(b"x" * 30)] * n), leader_epoch=epoch)
+        records = [Record(b"x" * 30, timestamp=clock.now_ms())] * n
+        log.append(build_batch(records), leader_epoch=epoch)
     assert log.epochs.entries == [(1, 0), (2, 10), (3, 15)]
     log.set_high_watermark(20)
     assert log.end_offset_for_epoch(1) == (1, 10)
@@ -463,11 +460,6 @@ def test_truncate_to_example(tmp_path: Path) -> None:
     reopened.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: truncate_to clamps the target up to log_start_offset; when the log start is "
-    "inside a batch that whole batch is cut and the LEO falls below the log start offset",
-)
 def test_truncation_never_leaves_the_log_start_above_the_log_end(tmp_path: Path) -> None:
     log = PartitionLog(tmp_path / "p", LogConfig(), ManualClock(), HandleCache())
     log.append(build_batch([Record(b"x")] * 10), leader_epoch=1)  # one batch [0, 9]

@@ -143,11 +143,6 @@ def test_invalid_topic_names(tmp_path: Path, name: str) -> None:
     assert sorted(e.name for e in tmp_path.iterdir()) == [CLEAN_SHUTDOWN_FILE]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: validate_topic_name uses re.match with '$', which also matches before a "
-    "trailing newline, so 'abc\\n' is accepted",
-)
 def test_topic_name_with_trailing_newline_is_invalid(tmp_path: Path) -> None:
     async def main() -> None:
         m = make_manager(tmp_path)
@@ -677,11 +672,6 @@ def test_retention_by_size_and_high_watermark(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: retention deletes a segment whose fsync is in flight (PartitionLog.flush runs "
-    "without the lock); HandleCache.close asserts 'closing a handle in use'",
-)
 def test_retention_while_a_flush_is_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

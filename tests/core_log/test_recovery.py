@@ -569,11 +569,6 @@ def test_damaged_indexes_are_detected_and_rebuilt(
         assert log_path(directory, base, suffix).exists(), ctx
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: LogSegment._scan_tail trusts the batch length at a misaligned index entry "
-    "(negative length -> pread at a negative position -> OSError on open)",
-)
 def test_misaligned_last_index_entry_after_clean_shutdown(tmp_path: Path) -> None:
     """An ``.index`` whose last entry points inside a batch passes the sanity check (entries
     increase, positions are inside the file). Opening after a clean shutdown must still either
@@ -722,11 +717,6 @@ class SimulatedCrash(BaseException):
     """Stands for the process dying at this point (nothing after it runs)."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: PartitionLog._recover truncates the damaged segment before deleting the "
-    "later ones; a crash in between resurrects them behind an offset gap",
-)
 def test_crash_while_recovery_deletes_later_segments(
     template: tuple[Path, list[Stored]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

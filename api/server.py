@@ -1,0 +1,61 @@
+"""Run a broker: uvicorn serving the Logbus app, with a prompt shutdown for long-polls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from types import FrameType
+
+import uvicorn
+
+from .app import create_app
+from .fastpath import FastPath
+from .settings import Settings
+
+
+def serve(settings: Settings) -> int:
+    """Serve until SIGTERM/SIGINT; refuse a non-loopback bind without auth (exit 2)."""
+    if not settings.is_loopback and not settings.insecure:
+        print(
+            f"refusing to bind {settings.host}: authentication is not configured. "
+            "Bind 127.0.0.1, or pass --insecure (LOGBUS_INSECURE=true) to accept the risk.",
+            file=sys.stderr,
+        )
+        return 2
+    base = f"http://{settings.host}:{settings.port}"
+    print(f"Logbus API:  {base}/v1", flush=True)
+    print(f"Docs UI:     {base}/docs", flush=True)
+    print(f"Data dir:    {settings.data_dir.resolve()}", flush=True)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+        limit_concurrency=10_000,
+        backlog=2048,
+    )
+    _Server(config, app).run()
+    return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, plus: on SIGTERM/SIGINT, answer every pending long-poll at once.
+
+    Otherwise a long-poll keeps its connection busy for up to ``wait_ms`` and the graceful
+    shutdown waits for it (or cuts it off with a 500 after its timeout).
+    """
+
+    def __init__(self, config: uvicorn.Config, app: FastPath) -> None:
+        super().__init__(config)
+        self.logbus_app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        state = self.logbus_app.state
+        if state is not None:
+            with contextlib.suppress(RuntimeError):  # no loop running: nothing to release
+                loop = asyncio.get_running_loop()
+                loop.call_soon_threadsafe(state.broker.logs.release_waiters)
+        super().handle_exit(sig, frame)

@@ -1,0 +1,352 @@
+"""The client side of the ``logbus`` command, run as subprocesses against one real broker."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import pytest
+
+from api import cli
+from cluster.partitioner import partition_for_key
+from tests.server import BrokerProcess, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path_factory.mktemp("cli") / "data").start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: BrokerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30.0) as c:
+        yield c
+
+
+def _env(url: str | None) -> dict[str, str]:
+    env = os.environ.copy()
+    env.pop("LOGBUS_URL", None)
+    if url is not None:
+        env["LOGBUS_URL"] = url
+    return env
+
+
+def logbus(
+    server: BrokerProcess | None, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``logbus ARGS`` with ``LOGBUS_URL`` pointing at the broker."""
+    return subprocess.run(
+        [sys.executable, "-m", "api.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=_env(server.url if server else None),
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def failed(result: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    """The one-line message of a failed command."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stderr
+
+
+def create(http: httpx.Client, name: str, partitions: int = 1) -> None:
+    r = http.post("/v1/topics", json={"name": name, "partitions": partitions})
+    assert r.status_code == 201, r.text
+
+
+def fetch_all(http: httpx.Client, topic: str, partition: int) -> list[dict[str, Any]]:
+    r = http.get(f"/v1/topics/{topic}/partitions/{partition}/records", params={"offset": 0})
+    assert r.status_code == 200, r.text
+    records: list[dict[str, Any]] = r.json()["records"]
+    return records
+
+
+# -- topics ---------------------------------------------------------------------------------------
+
+
+def test_topics_round_trip(server: BrokerProcess, http: httpx.Client) -> None:
+    out = ok(
+        logbus(
+            server,
+            "topics",
+            "create",
+            "cli-admin",
+            "--partitions",
+            "3",
+            "--config",
+            "retention.ms=86400000",
+            "segment.bytes=1048576",
+        )
+    ).stdout
+    assert "created topic cli-admin" in out
+    t = http.get("/v1/topics/cli-admin").json()
+    assert t["partitions"] == 3
+    assert t["configs"] == {"retention.ms": 86400000, "segment.bytes": 1048576}
+
+    table = ok(logbus(server, "topics", "list")).stdout.splitlines()
+    assert table[0].split() == ["TOPIC", "PARTITIONS", "REPLICATION", "CONFIGS"]
+    row = next(line.split() for line in table if line.startswith("cli-admin "))
+    assert row[:3] == ["cli-admin", "3", "1"]
+    listed = json.loads(ok(logbus(server, "topics", "list", "--json")).stdout)
+    assert "cli-admin" in {x["name"] for x in listed["topics"]}
+
+    described = ok(logbus(server, "topics", "describe", "cli-admin")).stdout
+    assert "retention.ms=86400000" in described
+    lines = described.splitlines()
+    header = lines.index(next(x for x in lines if x.startswith("PARTITION ")))
+    assert "ISR" in lines[header] and "HIGH-WATERMARK" in lines[header]
+    assert [x.split()[:2] for x in lines[header + 1 :]] == [["0", "1"], ["1", "1"], ["2", "1"]]
+    detail = json.loads(ok(logbus(server, "topics", "describe", "cli-admin", "--json")).stdout)
+    assert [p["isr"] for p in detail["partition_details"]] == [[1], [1], [1]]
+
+    altered = logbus(
+        server,
+        "topics",
+        "alter",
+        "cli-admin",
+        "--config",
+        "retention.ms=3600000",
+        "--delete-config",
+        "segment.bytes",
+        "--partitions",
+        "4",
+    )
+    assert "retention.ms  3600000" in ok(altered).stdout
+    configs = http.get("/v1/topics/cli-admin/configs").json()
+    assert configs["overrides"] == {"retention.ms": 3600000}
+    assert http.get("/v1/topics/cli-admin").json()["partitions"] == 4
+
+    assert "deleted topic cli-admin" in ok(logbus(server, "topics", "delete", "cli-admin")).stdout
+    assert http.get("/v1/topics/cli-admin").status_code == 404
+
+
+# -- produce and consume --------------------------------------------------------------------------
+
+
+def test_produce_then_consume_in_order(server: BrokerProcess, http: httpx.Client) -> None:
+    create(http, "cli-seq")
+    lines = [str(i) for i in range(1, 5001)]
+    produced = ok(logbus(server, "produce", "cli-seq", stdin="\n".join(lines) + "\n"))
+    assert produced.stdout == ""
+    assert re.search(
+        r"produced 5000 record\(s\).* [\d,]+ records/s, [\d.]+ MB/s", produced.stderr
+    ), produced.stderr
+    assert http.get("/v1/topics/cli-seq/partitions").json()[0]["high_watermark"] == 5000
+
+    consumed = ok(logbus(server, "consume", "cli-seq", "--from", "earliest"))
+    assert consumed.stdout.splitlines() == lines
+
+    first = ok(logbus(server, "consume", "cli-seq", "--max-records", "2", "--format", "json"))
+    records = [json.loads(x) for x in first.stdout.splitlines()]
+    assert [(r["partition"], r["offset"], r["key"], r["value"]) for r in records] == [
+        (0, 0, None, "1"),
+        (0, 1, None, "2"),
+    ]
+
+
+def test_produce_json_values_partition_and_acks(server: BrokerProcess, http: httpx.Client) -> None:
+    create(http, "cli-json", partitions=2)
+    docs = ['{"n": 1}', "[1, 2]", '"text"', "", "null"]
+    ok(
+        logbus(
+            server,
+            "produce",
+            "cli-json",
+            "--json-values",
+            "--partition",
+            "1",
+            "--acks",
+            "0",
+            stdin="\n".join(docs),
+        )
+    )
+    assert fetch_all(http, "cli-json", 0) == []
+    assert [r["value"] for r in fetch_all(http, "cli-json", 1)] == [{"n": 1}, [1, 2], "text", None]
+    out = ok(logbus(server, "consume", "cli-json", "--partition", "1")).stdout
+    assert out.splitlines() == ['{"n":1}', "[1,2]", "text", "null"]
+
+    bad = logbus(server, "produce", "cli-json", "--json-values", stdin="1\nnot json\n")
+    assert "line 2: not JSON" in failed(bad)
+
+
+def test_keys_land_on_their_murmur2_partition(server: BrokerProcess, http: httpx.Client) -> None:
+    create(http, "cli-keys", partitions=4)
+    lines = [f"user-{i % 37}|value {i}" for i in range(400)]
+    ok(logbus(server, "produce", "cli-keys", "--key-separator", "|", stdin="\n".join(lines)))
+    seen: list[tuple[str, str]] = []
+    for p in range(4):
+        for r in fetch_all(http, "cli-keys", p):
+            assert partition_for_key(r["key"].encode(), 4) == p, r
+            seen.append((r["key"], r["value"]))
+    assert sorted(seen) == sorted(tuple(x.split("|", 1)) for x in lines)
+    # Per key, the records keep their order.
+    for key in {k for k, _ in seen}:
+        values = [v for k, v in seen if k == key]
+        assert values == sorted(values, key=lambda v: int(v.split()[1]))
+
+    no_sep = logbus(server, "produce", "cli-keys", "--key-separator", "|", stdin="a|1\nb\n")
+    assert "line 2: no key separator" in failed(no_sep)
+
+
+def test_consume_from_time_offset_and_latest(server: BrokerProcess, http: httpx.Client) -> None:
+    create(http, "cli-time")
+    records = [{"value": f"r{i}", "timestamp": i * 1000} for i in range(1, 6)]
+    assert http.post("/v1/topics/cli-time/records", json={"records": records}).status_code == 200
+
+    def values(*position: str) -> list[str]:
+        return ok(logbus(server, "consume", "cli-time", "--from", *position)).stdout.split()
+
+    assert values("@3000") == ["r3", "r4", "r5"]
+    assert values("1970-01-01T00:00:02.500Z") == ["r3", "r4", "r5"]
+    assert values("3") == ["r4", "r5"]
+    assert values("-2") == ["r4", "r5"]
+    assert values("latest") == []
+    assert "past the end" in failed(logbus(server, "consume", "cli-time", "--from", "99"))
+
+
+def test_follow_receives_new_records_and_stops_on_ctrl_c(
+    server: BrokerProcess, http: httpx.Client
+) -> None:
+    create(http, "cli-follow", partitions=2)
+    old = {"records": [{"value": "old", "partition": p} for p in (0, 1)]}
+    assert http.post("/v1/topics/cli-follow/records", json=old).status_code == 200
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "consume", "cli-follow", "--from", "latest", "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=_env(server.url),
+        # A shell's background jobs ignore SIGINT, and children inherit that: restore Ctrl-C.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    try:
+        # The consumer starts at the end at some point after it is launched: produce until it
+        # prints, one record at a time, to either partition.
+        first = None
+        deadline = time.monotonic() + 30
+        i = 0
+        while first is None and time.monotonic() < deadline:
+            record = {"value": f"tick-{i}", "partition": i % 2}
+            r = http.post("/v1/topics/cli-follow/records", json={"records": [record]})
+            assert r.status_code == 200
+            i += 1
+            try:
+                first = lines.get(timeout=0.3)
+            except queue.Empty:
+                assert proc.poll() is None, proc.communicate()
+        assert first is not None and first.startswith("tick-"), first
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def _pump(stream: IO[str] | None, out: queue.Queue[str]) -> None:
+    assert stream is not None
+    for line in stream:
+        out.put(line.rstrip("\n"))
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+def test_errors_are_readable(server: BrokerProcess, http: httpx.Client) -> None:
+    create(http, "cli-err")
+    assert "TOPIC_ALREADY_EXISTS (409)" in failed(logbus(server, "topics", "create", "cli-err"))
+    message = failed(logbus(server, "topics", "describe", "cli-nope"))
+    assert message.startswith("logbus topics describe: UNKNOWN_TOPIC_OR_PARTITION (404):")
+    assert "cli-nope" in message and message.count("\n") == 1
+    assert "UNKNOWN_TOPIC_OR_PARTITION" in failed(logbus(server, "produce", "cli-nope", stdin="x"))
+    assert "UNKNOWN_TOPIC_OR_PARTITION" in failed(logbus(server, "consume", "cli-nope"))
+
+    assert "no 5" in failed(logbus(server, "consume", "cli-err", "--partition", "5"))
+    assert "INVALID_CONFIG" in failed(
+        logbus(server, "topics", "alter", "cli-err", "--config", "retention.ms=soon")
+    )
+
+    closed = f"http://127.0.0.1:{free_port()}"
+    unreachable = failed(logbus(None, "topics", "list", "--url", closed, "--timeout", "5"))
+    assert f"cannot reach the broker at {closed}" in unreachable
+
+
+# -- bench ----------------------------------------------------------------------------------------
+
+
+def test_bench_forwards_its_arguments(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[argparse.Namespace] = []
+
+    def run_bench(args: argparse.Namespace) -> int:
+        seen.append(args)
+        return 0
+
+    fake = types.ModuleType("benchmarks.http")
+    fake.run_bench = run_bench  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "benchmarks.http", fake)
+    argv = ["bench", "--seconds", "2.5", "--json", str(tmp_path / "o.json")]
+    assert cli.main([*argv, "--plot", str(tmp_path / "o.png")]) == 0
+    (args,) = seen
+    assert (args.url, args.seconds, args.json, args.plot) == (
+        None,
+        2.5,
+        tmp_path / "o.json",
+        tmp_path / "o.png",
+    )
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "benchmarks", raising=False)
+    monkeypatch.setitem(sys.modules, "benchmarks.http", None)  # "not installed"
+    assert cli.main(["bench", "--url", "http://127.0.0.1:1"]) == 2
+    assert "pip install" in capsys.readouterr().err
+
+
+def test_from_positions_parse() -> None:
+    from api.client_cli import _start_position
+
+    assert _start_position("earliest") == ("earliest", 0)
+    assert _start_position("latest") == ("latest", 0)
+    assert _start_position("12") == ("offset", 12)
+    assert _start_position("-3") == ("tail", 3)
+    assert _start_position("@1700000000000") == ("time", 1_700_000_000_000)
+    assert _start_position("2023-11-14T22:13:20Z") == ("time", 1_700_000_000_000)
+    assert _start_position("2023-11-14T23:13:20.5+01:00") == ("time", 1_700_000_000_500)
+    for bad in ("soon", "@x", "@-1", "1969-12-31T00:00:00Z"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _start_position(bad)
