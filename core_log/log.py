@@ -187,6 +187,8 @@ class PartitionLog:
                         h, base_offset=offset, partition_leader_epoch=leader_epoch
                     )
                 segment = self._segment_for(h)
+                if segment.is_empty:
+                    segment.rolling_base_ms = now
                 segment.append(prefix, raw[PREFIX_BYTES:], h)
                 if self.epochs.assign(epoch, h.base_offset):
                     self.epochs.store()
@@ -255,11 +257,13 @@ class PartitionLog:
         return active
 
     def _segment_expired(self, segment: LogSegment) -> bool:
-        """``segment.ms`` counts from the first batch's timestamp, as in Kafka: it survives
-        restarts, and a segment that sat empty is not old."""
+        """``segment.ms`` counts from the broker's time of the segment's first append — not
+        from record timestamps, which producers choose (an old timestamp would roll a segment
+        on every append) — and, after a restart, from the first batch's timestamp (one roll at
+        most). A segment that sat empty is not old."""
         if segment.is_empty:
             return False
-        return self.clock.now_ms() - segment.first_batch_ms >= self.config.segment_ms
+        return self.clock.now_ms() - segment.rolling_base_ms >= self.config.segment_ms
 
     def _roll(self, base_offset: int) -> LogSegment:
         """Close the active segment for appends and start a new one at ``base_offset``."""

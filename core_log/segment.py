@@ -74,7 +74,10 @@ class LogSegment:
         self.next_offset = base_offset
         self.max_timestamp = NO_TIMESTAMP
         self.offset_of_max_timestamp = base_offset
-        self.first_batch_ms = NO_TIMESTAMP  # for segment.ms: the first batch's max timestamp
+        self.first_batch_ms = NO_TIMESTAMP  # the first batch's max timestamp
+        # segment.ms counts from here: the broker's time of the first append, or after a
+        # restart (when that is unknown) the first batch's timestamp.
+        self.rolling_base_ms = NO_TIMESTAMP
         self._bytes_since_index = 0
         self._closed = False
 
@@ -133,6 +136,8 @@ class LogSegment:
         self.next_offset = h.next_offset
         if self.first_batch_ms == NO_TIMESTAMP:
             self.first_batch_ms = h.max_timestamp
+            if self.rolling_base_ms == NO_TIMESTAMP:
+                self.rolling_base_ms = h.max_timestamp  # a recovery scan; appends override
         if h.max_timestamp > self.max_timestamp:
             self.max_timestamp = h.max_timestamp
             self.offset_of_max_timestamp = h.last_offset
@@ -291,14 +296,14 @@ class LogSegment:
         self.next_offset = self.base_offset
         self.max_timestamp = NO_TIMESTAMP
         self.offset_of_max_timestamp = self.base_offset
-        self.first_batch_ms = NO_TIMESTAMP
+        self.first_batch_ms = self.rolling_base_ms = NO_TIMESTAMP
         if self.size == 0:
             return
         with self._handles.use(self._handle) as fd:
             first = self._header_at(fd, 0)
         if first is None:
             raise CorruptRecordError(f"{self.log_path.name}: torn first batch")
-        self.first_batch_ms = first.max_timestamp
+        self.first_batch_ms = self.rolling_base_ms = first.max_timestamp
         last = self.time_index.last_entry
         if last is not None:
             self.max_timestamp, self.offset_of_max_timestamp = last
@@ -352,7 +357,7 @@ class LogSegment:
         self.next_offset = self.base_offset
         self.max_timestamp = NO_TIMESTAMP
         self.offset_of_max_timestamp = self.base_offset
-        self.first_batch_ms = NO_TIMESTAMP
+        self.first_batch_ms = self.rolling_base_ms = NO_TIMESTAMP
         self._bytes_since_index = 0
         file_size = os.path.getsize(self.log_path)
         position = 0
