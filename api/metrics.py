@@ -6,6 +6,7 @@ offsets are collected at scrape time from the logs, so the hot path never update
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -74,6 +75,8 @@ class Metrics:
         self.records_in = Counter("logbus_records_in", "Records produced", ["topic"], registry=r)
         self.records_out = Counter("logbus_records_out", "Records fetched", ["topic"], registry=r)
         r.register(_PartitionCollector(broker))
+        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        self._topic_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
 
     def observe(
         self,
@@ -85,16 +88,41 @@ class Metrics:
         records: int = 0,
         size_bytes: int = 0,
     ) -> None:
-        """Count one produce or fetch request (either path: fast or FastAPI)."""
-        self.requests.labels(route, method, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        """Count one produce or fetch request (either path: fast or FastAPI).
+
+        Labelled children are cached: ``labels()`` costs a lock and a dict build per call.
+        """
+        key = (route, method, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self.requests.labels(route, method, str(status)),
+                self.latency.labels(route),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
         if status < 300:
-            if route == "produce":
-                self.bytes_in.labels(topic).inc(size_bytes)
-                self.records_in.labels(topic).inc(records)
-            else:
-                self.bytes_out.labels(topic).inc(size_bytes)
-                self.records_out.labels(topic).inc(records)
+            counters = self._topic_children.get((route, topic))
+            if counters is None:
+                pair = (
+                    (self.bytes_in, self.records_in)
+                    if route == "produce"
+                    else (self.bytes_out, self.records_out)
+                )
+                counters = self._topic_children[(route, topic)] = (
+                    pair[0].labels(topic),
+                    pair[1].labels(topic),
+                )
+            counters[0].inc(size_bytes)
+            counters[1].inc(records)
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop a deleted topic's series (and the cache entries pointing at them)."""
+        for route in ("produce", "fetch"):
+            self._topic_children.pop((route, topic), None)
+        for metric in (self.bytes_in, self.records_in, self.bytes_out, self.records_out):
+            with contextlib.suppress(KeyError):
+                metric.remove(topic)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

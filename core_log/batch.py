@@ -98,6 +98,24 @@ class BatchHeader:
     def size_bytes(self) -> int:
         return self.batch_length + LOG_OVERHEAD
 
+    def at(self, base_offset: int, partition_leader_epoch: int) -> BatchHeader:
+        """This header as the leader stores it: new base offset and leader epoch."""
+        return BatchHeader(
+            base_offset,
+            self.batch_length,
+            partition_leader_epoch,
+            self.magic,
+            self.crc,
+            self.attributes,
+            self.last_offset_delta,
+            self.base_timestamp,
+            self.max_timestamp,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            self.record_count,
+        )
+
     @property
     def last_offset(self) -> int:
         return self.base_offset + self.last_offset_delta

@@ -24,7 +24,6 @@ Threading: one ``RLock`` guards the state; every public method is safe from any 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import threading
@@ -183,9 +182,7 @@ class PartitionLog:
                 else:
                     prefix = PREFIX.pack(offset, h.batch_length, leader_epoch)
                     epoch = leader_epoch
-                    h = dataclasses.replace(
-                        h, base_offset=offset, partition_leader_epoch=leader_epoch
-                    )
+                    h = h.at(offset, leader_epoch)
                 segment = self._segment_for(h)
                 if segment.is_empty:
                     segment.rolling_base_ms = now

@@ -22,7 +22,7 @@ from ..schemas import (
     TopicList,
     TopicPublic,
 )
-from ..state import BrokerDep
+from ..state import BrokerDep, StateDep
 from .common import errors
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"])
@@ -84,8 +84,9 @@ async def describe_topic(topic: str, broker: BrokerDep) -> TopicDetail:
 @router.delete(
     "/{topic}", status_code=204, summary="Delete a topic and its data", responses=errors(404)
 )
-async def delete_topic(topic: str, broker: BrokerDep) -> Response:
-    await broker.delete_topic(topic)
+async def delete_topic(topic: str, state: StateDep) -> Response:
+    await state.broker.delete_topic(topic)
+    state.metrics.forget_topic(topic)
     return Response(status_code=204)
 
 
