@@ -48,6 +48,7 @@ FETCH_TYPES = [JSON, NDJSON, BATCH]
 # what it returns (a fetch decodes whole batches). Kafka's producer default is 16 KiB.
 TARGET_BATCH_BYTES = 64 * 1024
 RECORD_OVERHEAD_BYTES = 24  # varints and attributes of one record, upper estimate
+FIRST_JSON_READ_BYTES = 64 * 1024
 
 
 @dataclass
@@ -285,9 +286,19 @@ async def fetch(
         raise bad_request("isolation must be read_uncommitted or read_committed")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
+    # JSON answers stop at max_records: read a little first and more only if needed, so a
+    # small answer neither reads nor decodes max_bytes (and stays off the thread pool).
+    step = max_bytes if kind == BATCH else min(max_bytes, FIRST_JSON_READ_BYTES)
     while True:
         p = broker.partition(topic, partition)  # again after a wait: it may have been deleted
-        result = await p.read(offset, max_bytes)
+        result = await p.read(offset, step)
+        while (
+            step < max_bytes
+            and result.next_offset - offset < max_records
+            and (result.next_offset < result.high_watermark)
+        ):
+            step = min(max_bytes, step * 4)
+            result = await p.read(offset, step)
         remaining = deadline - loop.time()
         if len(result.data) >= min_bytes or remaining <= 0 or p.released:
             break

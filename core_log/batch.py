@@ -464,8 +464,8 @@ def decode_records(buf: bytes | memoryview, pos: int = 0) -> list[Record]:
 def decode_records_of(h: BatchHeader, data: bytes) -> list[Record]:
     """Decode the records section ``data`` of batch ``h``.
 
-    Single-byte varints (most lengths and deltas of small records) are decoded inline; the
-    general decoder handles the rest. Every length is checked against the section's end.
+    One- and two-byte varints (the lengths and deltas of records under 8 KiB) are decoded
+    inline; the general decoder handles the rest. Every length is checked against the section's end.
     """
     out: list[Record] = []
     append = out.append
@@ -480,6 +480,9 @@ def decode_records_of(h: BatchHeader, data: bytes) -> list[Record]:
             b = data[pos]
             if b < 0x80:
                 length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif data[pos + 1] < 0x80:
+                z = (b & 0x7F) | (data[pos + 1] << 7)
+                length, pos = (z >> 1) ^ -(z & 1), pos + 2
             else:
                 length, pos = dv(data, pos)
             end = pos + length
@@ -489,21 +492,38 @@ def decode_records_of(h: BatchHeader, data: bytes) -> list[Record]:
             b = data[pos]
             if b < 0x80:
                 ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif data[pos + 1] < 0x80:
+                z = (b & 0x7F) | (data[pos + 1] << 7)
+                ts_delta, pos = (z >> 1) ^ -(z & 1), pos + 2
             else:
                 ts_delta, pos = dv(data, pos)
             b = data[pos]
             if b < 0x80:
                 off_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif data[pos + 1] < 0x80:
+                z = (b & 0x7F) | (data[pos + 1] << 7)
+                off_delta, pos = (z >> 1) ^ -(z & 1), pos + 2
             else:
                 off_delta, pos = dv(data, pos)
-            klen, pos = dv(data, pos)
+            b = data[pos]
+            if b < 0x80:
+                klen, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                klen, pos = dv(data, pos)
             key: bytes | None = None
             if klen >= 0:
                 if pos + klen > end:
                     raise CorruptRecordError("record key runs past the record")
                 key = data[pos : pos + klen]
                 pos += klen
-            vlen, pos = dv(data, pos)
+            b = data[pos]
+            if b < 0x80:
+                vlen, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif data[pos + 1] < 0x80:  # two bytes: values of 64..8191 bytes
+                z = (b & 0x7F) | (data[pos + 1] << 7)
+                vlen, pos = (z >> 1) ^ -(z & 1), pos + 2
+            else:
+                vlen, pos = dv(data, pos)
             value: bytes | None = None
             if vlen >= 0:
                 if pos + vlen > end:
