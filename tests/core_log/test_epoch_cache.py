@@ -428,7 +428,7 @@ class TruncationMachine(RuleBasedStateMachine):
 
 
 TestTruncationModel = TruncationMachine.TestCase
-TestTruncationModel.settings = settings(SETTINGS, max_examples=30, stateful_step_count=30)
+TestTruncationModel.settings = settings(SETTINGS, max_examples=60, stateful_step_count=40)
 
 
 def test_truncate_to_example(tmp_path: Path) -> None:

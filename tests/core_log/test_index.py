@@ -8,7 +8,9 @@ index loaded from the file must hold exactly the entries that were last flushed 
 
 from __future__ import annotations
 
+import itertools
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
@@ -79,10 +81,10 @@ def time_file(entries: list[tuple[int, int]]) -> bytes:
     return b"".join(TIME_ENTRY.pack(t, r) for t, r in entries)
 
 
-def file_entries(path: Path, entry: type | object) -> list[tuple[int, ...]]:
+def file_entries(path: Path, entry: struct.Struct) -> list[tuple[int, ...]]:
     if not path.exists():
         return []
-    return list(entry.iter_unpack(path.read_bytes()))  # type: ignore[attr-defined]
+    return list(entry.iter_unpack(path.read_bytes()))
 
 
 @pytest.fixture
@@ -499,4 +501,4 @@ def test_time_index_maybe_append_keeps_timestamps_strictly_increasing(
     idx.flush(fsync=False)
     stored = file_entries(idx.path, TIME_ENTRY)
     timestamps = [t for t, _ in stored]
-    assert all(a < b for a, b in zip(timestamps, timestamps[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(timestamps))

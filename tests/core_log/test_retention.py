@@ -33,7 +33,7 @@ SETTINGS = settings(
     derandomize=True,
     database=None,
     deadline=None,
-    max_examples=80,
+    max_examples=150,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 # Checkpoints are fsynced (file and directory); on tmpfs that costs nothing.
@@ -62,6 +62,7 @@ def one_batch_per_segment_log(
     specs: list[tuple[int, int, int]],
     clock: ManualClock,
     epochs: list[int] | None = None,
+    /,
     **config: object,
 ) -> tuple[PartitionLog, list[Seg]]:
     """A log with one segment per (records, value bytes, max timestamp) spec."""
@@ -330,7 +331,7 @@ def test_retention_bytes_keeps_at_least_the_limit_by_whole_segments(tmp_path: Pa
 def test_one_pass_deletes_at_most_the_bounded_number_of_segments(tmp_path: Path) -> None:
     clock = ManualClock(NOW)
     n = MAX_SEGMENTS_DELETED_PER_PASS + 30
-    log, segs = one_batch_per_segment_log(
+    log, _ = one_batch_per_segment_log(
         tmp_path / "p", [(1, 0, NOW - 2 * DAY)] * n, clock, **{"retention.ms": DAY}
     )
     log.set_high_watermark(n)
@@ -346,9 +347,7 @@ def test_one_pass_deletes_at_most_the_bounded_number_of_segments(tmp_path: Path)
 
 def test_increment_log_start_offset(tmp_path: Path) -> None:
     clock = ManualClock(NOW)
-    log, segs = one_batch_per_segment_log(
-        tmp_path / "p", [(4, 10, NOW)] * 5, clock, epochs=[1, 1, 2, 3, 3]
-    )
+    log, _ = one_batch_per_segment_log(tmp_path / "p", [(4, 10, NOW)] * 5, clock, [1, 1, 2, 3, 3])
     # segments [0,3] [4,7] [8,11] [12,15] [16,19]
     with pytest.raises(OffsetOutOfRangeError):
         log.increment_log_start_offset(1)  # above the high watermark (0)
