@@ -34,7 +34,12 @@ from core_log.batch import (
 from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
 
 from .problems import bad_request, payload_too_large, unsupported_media_type
-from .records_codec import loads, parse_json_body, parse_record, record_to_json, too_many_records
+from .records_codec import (
+    parse_json_body,
+    parse_ndjson_lines,
+    record_to_json,
+    too_many_records,
+)
 from .settings import Settings
 
 JSON = "application/json"
@@ -196,33 +201,25 @@ def _build_batches(records: list[Record], max_message_bytes: int) -> bytes:
 async def _parse_ndjson(
     body: Body, settings: Settings, now: int
 ) -> list[tuple[int | None, Record]]:
+    """Parse NDJSON as it streams in: each chunk's complete lines are decoded at once, so the
+    raw body is never held whole next to its parsed form."""
     out: list[tuple[int | None, Record]] = []
     pending = b""
     size = 0
-    line_no = 0
-
-    def take(line: bytes) -> None:
-        nonlocal line_no
-        line_no += 1
-        if not line.strip():
-            return
-        if len(out) >= settings.max_records_per_request:
-            raise too_many_records(settings.max_records_per_request)
-        try:
-            obj = loads(line)
-        except ValueError as e:
-            raise bad_request(f"line {line_no}: malformed JSON: {e}") from None
-        out.append(parse_record(obj, now, "line %d", line_no))
-
+    line_no = 1
     async for chunk in body:
         size += len(chunk)
         if size > settings.max_request_bytes:
             raise payload_too_large(settings.max_request_bytes)
         lines = (pending + chunk).split(b"\n")
         pending = lines.pop()
-        for line in lines:
-            take(line)
-    take(pending)
+        out.extend(parse_ndjson_lines(lines, line_no, now))
+        line_no += len(lines)
+        if len(out) > settings.max_records_per_request:
+            raise too_many_records(settings.max_records_per_request)
+    out.extend(parse_ndjson_lines([pending], line_no, now))
+    if len(out) > settings.max_records_per_request:
+        raise too_many_records(settings.max_records_per_request)
     if not out:
         raise bad_request("no records in the request")
     return out

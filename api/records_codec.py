@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import orjson
 
 from core_log.batch import Record
@@ -28,130 +28,126 @@ from core_log.errors import ErrorCode, LogbusError
 
 from .problems import bad_request
 
-_RECORD_FIELDS = frozenset(
-    ("key", "key_b64", "value", "value_b64", "headers", "partition", "timestamp")
-)
-MAX_TIMESTAMP_MS = 2**63 - 1
+# -- input ---------------------------------------------------------------------------------------
+# msgspec decodes and validates a whole body in C (~0.15 us a record) into these structs, and
+# keeps each value as its raw JSON text (msgspec.Raw): the stored bytes are what the producer
+# sent, with no re-encoding — and integers of any size stay exact.
+
+_UNSET = msgspec.UNSET
+_NULL = b"null"
 
 
-def _b64(raw: Any, where: str) -> bytes:
-    if not isinstance(raw, str):
-        raise bad_request(f"{where} must be a base64 string")
+class HeaderIn(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    value: str | msgspec.UnsetType | None = _UNSET
+    value_b64: str | msgspec.UnsetType = _UNSET
+
+
+class RecordIn(msgspec.Struct, forbid_unknown_fields=True):
+    key: str | msgspec.UnsetType | None = _UNSET
+    key_b64: str | msgspec.UnsetType = _UNSET
+    value: msgspec.Raw | msgspec.UnsetType = _UNSET
+    value_b64: str | msgspec.UnsetType = _UNSET
+    headers: list[HeaderIn] | None = None
+    partition: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None
+    timestamp: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | None = None
+
+
+class ProduceBody(msgspec.Struct, forbid_unknown_fields=True):
+    records: list[RecordIn]
+
+
+_BODY = msgspec.json.Decoder(ProduceBody)
+_LINES = msgspec.json.Decoder(RecordIn)
+
+
+def _b64(raw: str, where: str) -> bytes:
     try:
         return base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
         raise bad_request(f"{where} is not valid base64") from None
 
 
-def parse_record(obj: Any, now_ms: int, where: str, index: int) -> tuple[int | None, Record]:
-    """(explicit partition or None, record) from one JSON record object.
-
-    ``where % index`` names the record in error messages (formatted only on the slow path).
-    """
-    if type(obj) is dict and len(obj) == ("key" in obj) + ("value" in obj):  # common shape
-        k = obj.get("key")
-        v = obj.get("value")
-        if k is None or type(k) is str:
-            return None, Record(
-                None if v is None else dumps_value(v),
-                None if k is None else k.encode(),
-                (),
-                now_ms,
-            )
-    return _parse_record_full(obj, where % index, now_ms)
+def to_record(r: RecordIn, now_ms: int, where: str, index: int) -> tuple[int | None, Record]:
+    """(explicit partition or None, record). ``where % index`` names it in errors."""
+    ts = now_ms if r.timestamp is None else r.timestamp
+    if r.key_b64 is _UNSET and r.value_b64 is _UNSET and r.headers is None:  # common shape
+        k = r.key
+        v = r.value
+        value = None if v is _UNSET else bytes(v)
+        return r.partition, Record(
+            None if value == _NULL else value,
+            None if k is _UNSET or k is None else k.encode(),
+            (),
+            ts,
+        )
+    return r.partition, _to_record_full(r, ts, where % index)
 
 
-def _parse_record_full(obj: Any, where: str, now_ms: int) -> tuple[int | None, Record]:
-    if not isinstance(obj, dict):
-        raise bad_request(f"{where} must be an object")
-    if not _RECORD_FIELDS.issuperset(obj):
-        unknown = sorted(set(obj) - _RECORD_FIELDS)
-        raise bad_request(f"{where} has unknown fields {unknown}")
+def _to_record_full(r: RecordIn, ts: int, where: str) -> Record:
     key: bytes | None = None
-    if "key_b64" in obj:
-        if "key" in obj:
+    if not isinstance(r.key_b64, msgspec.UnsetType):
+        if not isinstance(r.key, msgspec.UnsetType):
             raise bad_request(f"{where}: give key or key_b64, not both")
-        key = _b64(obj["key_b64"], f"{where}.key_b64")
-    elif (k := obj.get("key")) is not None:
-        if not isinstance(k, str):
-            raise bad_request(f"{where}.key must be a string or null (use key_b64 for bytes)")
-        key = k.encode()
+        key = _b64(r.key_b64, f"{where}.key_b64")
+    elif isinstance(r.key, str):
+        key = r.key.encode()
     value: bytes | None = None
-    if "value_b64" in obj:
-        if "value" in obj:
+    if not isinstance(r.value_b64, msgspec.UnsetType):
+        if not isinstance(r.value, msgspec.UnsetType):
             raise bad_request(f"{where}: give value or value_b64, not both")
-        value = _b64(obj["value_b64"], f"{where}.value_b64")
-    elif (v := obj.get("value")) is not None:
-        value = dumps_value(v)
-    headers: tuple[tuple[str, bytes | None], ...] = ()
-    if (hs := obj.get("headers")) is not None:
-        headers = _parse_headers(hs, f"{where}.headers")
-    timestamp = obj.get("timestamp", now_ms)
-    if timestamp is None:
-        timestamp = now_ms
-    if type(timestamp) is not int or not 0 <= timestamp <= MAX_TIMESTAMP_MS:
-        raise bad_request(f"{where}.timestamp must be milliseconds since the epoch")
-    partition = obj.get("partition")
-    if partition is not None and (type(partition) is not int or partition < 0):
-        raise bad_request(f"{where}.partition must be a non-negative integer")
-    return partition, Record(value, key, headers, timestamp)
-
-
-def _parse_headers(hs: Any, where: str) -> tuple[tuple[str, bytes | None], ...]:
-    if not isinstance(hs, list):
-        raise bad_request(f"{where} must be a list of {{name, value}} objects")
-    out: list[tuple[str, bytes | None]] = []
-    for i, h in enumerate(hs):
-        if not isinstance(h, dict) or not isinstance(h.get("name"), str):
-            raise bad_request(f"{where}[{i}] must be an object with a string name")
-        if "value_b64" in h:
-            out.append((h["name"], _b64(h["value_b64"], f"{where}[{i}].value_b64")))
+        value = _b64(r.value_b64, f"{where}.value_b64")
+    elif not isinstance(r.value, msgspec.UnsetType) and bytes(r.value) != _NULL:
+        value = bytes(r.value)
+    headers: list[tuple[str, bytes | None]] = []
+    for i, h in enumerate(r.headers or ()):
+        if not isinstance(h.value_b64, msgspec.UnsetType):
+            headers.append((h.name, _b64(h.value_b64, f"{where}.headers[{i}].value_b64")))
         else:
-            hv = h.get("value")
-            if hv is not None and not isinstance(hv, str):
-                raise bad_request(f"{where}[{i}].value must be a string or null")
-            out.append((h["name"], None if hv is None else hv.encode()))
-    return tuple(out)
+            hv = None if isinstance(h.value, msgspec.UnsetType) else h.value
+            headers.append((h.name, None if hv is None else hv.encode()))
+    return Record(value, key, tuple(headers), ts)
 
 
-# orjson reads integers beyond 64 bits as floats; a body that may hold one (a run of 20+
-# digits) is parsed with the standard library instead, which keeps them exact. The run is
-# found by mapping every digit to "9" (one C pass) and a substring search: ~13x faster than
-# the regex \d{20}, which tries every position.
-_DIGITS_TO_9 = bytes(0x39 if 0x30 <= c <= 0x39 else 0x20 for c in range(256))
-_TWENTY_DIGITS = b"9" * 20
-
-
-def loads(raw: bytes) -> Any:
-    """Parse JSON exactly (see _DIGITS_TO_9). Raises ValueError on malformed input."""
-    if _TWENTY_DIGITS in raw.translate(_DIGITS_TO_9):
-        return json.loads(raw)
-    return orjson.loads(raw)
-
-
-def dumps_value(value: Any) -> bytes:
-    try:
-        return orjson.dumps(value)
-    except TypeError:  # an integer beyond 64 bits, parsed exactly by the standard library
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+def _invalid(e: msgspec.MsgspecError, what: str) -> LogbusError:
+    # ValidationError is a subclass of DecodeError: test it first.
+    kind = "invalid" if isinstance(e, msgspec.ValidationError) else "malformed JSON in"
+    return bad_request(f"{kind} {what}: {e}")
 
 
 def parse_json_body(body: bytes, max_records: int, now_ms: int) -> list[tuple[int | None, Record]]:
+    """A ``{"records": [...]}`` body → (explicit partition or None, record) in request order."""
     try:
-        doc = loads(body)
-    except ValueError as e:
-        raise bad_request(f"malformed JSON: {e}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
-        raise bad_request('the body must be {"records": [...]}')
-    if len(doc) != 1:
-        unknown = sorted(k for k in doc if k != "records")
-        raise bad_request(f'unknown top-level fields {unknown}: the body is {{"records": [...]}}')
-    records = doc["records"]
+        records = _BODY.decode(body).records
+    except msgspec.MsgspecError as e:
+        raise _invalid(e, 'body (it must be {"records": [...]})') from None
     if not records:
         raise bad_request("no records in the request")
     if len(records) > max_records:
         raise too_many_records(max_records)
-    return [parse_record(r, now_ms, "records[%d]", i) for i, r in enumerate(records)]
+    return [to_record(r, now_ms, "records[%d]", i) for i, r in enumerate(records)]
+
+
+def parse_ndjson_lines(
+    lines: list[bytes], first_line_no: int, now_ms: int
+) -> list[tuple[int | None, Record]]:
+    """Complete NDJSON lines (blank ones skipped) → records; errors name the line number."""
+    numbered = [(first_line_no + i, line) for i, line in enumerate(lines) if line.strip()]
+    if not numbered:
+        return []
+    try:
+        decoded = _LINES.decode_lines(b"\n".join(line for _, line in numbered))
+    except msgspec.MsgspecError:
+        for line_no, line in numbered:  # the error path only: find the first bad line
+            try:
+                _LINES.decode(line)
+            except msgspec.MsgspecError as e:
+                raise _invalid(e, f"record on line {line_no}") from None
+        raise  # every line decodes alone: a bug, not bad input
+    return [
+        to_record(r, now_ms, "line %d", line_no)
+        for r, (line_no, _) in zip(decoded, numbered, strict=True)
+    ]
 
 
 def too_many_records(limit: int) -> LogbusError:
