@@ -135,16 +135,7 @@ async def _serve(
 async def produce_records(
     topic: str, request: Request, state: StateDep, acks: Acks = None
 ) -> Response:
-    call = records.produce(
-        state.broker,
-        state.settings,
-        topic,
-        None,
-        request.query_params,
-        request.headers.get("content-type"),
-        request.stream(),
-    )
-    return await _serve(state, "produce", "POST", topic, call)
+    return await _produce(state, request, topic, None)
 
 
 @router.post(
@@ -156,6 +147,12 @@ async def produce_records(
 )
 async def produce_partition_records(
     topic: str, partition: int, request: Request, state: StateDep, acks: Acks = None
+) -> Response:
+    return await _produce(state, request, topic, partition)
+
+
+async def _produce(
+    state: AppState, request: Request, topic: str, partition: int | None
 ) -> Response:
     call = records.produce(
         state.broker,

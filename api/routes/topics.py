@@ -39,6 +39,12 @@ def _public(t: TopicMeta) -> TopicPublic:
     )
 
 
+def _configs(t: TopicMeta) -> ConfigsPublic:
+    return ConfigsPublic(
+        topic=t.name, configs=LogConfig.from_dict(t.configs).to_dict(), overrides=t.configs
+    )
+
+
 def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
     out = []
     for a in t.assignments:
@@ -92,10 +98,7 @@ async def delete_topic(topic: str, state: StateDep) -> Response:
 
 @router.get("/{topic}/configs", summary="Effective configs of a topic", responses=errors(404))
 async def get_configs(topic: str, broker: BrokerDep) -> ConfigsPublic:
-    t = broker.topic(topic)
-    return ConfigsPublic(
-        topic=topic, configs=LogConfig.from_dict(t.configs).to_dict(), overrides=t.configs
-    )
+    return _configs(broker.topic(topic))
 
 
 @router.patch(
@@ -104,10 +107,7 @@ async def get_configs(topic: str, broker: BrokerDep) -> ConfigsPublic:
     responses=errors(400, 404, 409),
 )
 async def patch_configs(topic: str, body: ConfigsPatch, broker: BrokerDep) -> ConfigsPublic:
-    t = await broker.alter_configs(topic, dict(body.configs))
-    return ConfigsPublic(
-        topic=topic, configs=LogConfig.from_dict(t.configs).to_dict(), overrides=t.configs
-    )
+    return _configs(await broker.alter_configs(topic, dict(body.configs)))
 
 
 @router.post(
