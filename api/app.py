@@ -16,7 +16,7 @@ from . import errors
 from .fastpath import FastPath
 from .metrics import Metrics
 from .problems import PROBLEM_JSON
-from .routes import cluster, records, topics
+from .routes import cluster, producers, records, topics
 from .routes.common import errors as errors_doc
 from .schemas import FetchResponse, Problem
 from .settings import Settings
@@ -56,6 +56,7 @@ def create_fastapi(settings: Settings) -> FastAPI:
     errors.install(app)
     app.include_router(topics.router)
     app.include_router(records.router)
+    app.include_router(producers.router)
     app.include_router(cluster.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -167,6 +167,24 @@ class PartitionsIncrease(BaseModel):
     count: int = Field(ge=1, le=10_000, description="the new total number of partitions")
 
 
+class ProducerInit(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{}, {"transactional_id": "orders-app-1"}]}
+    )
+    transactional_id: str | None = Field(
+        None,
+        description="a stable name: re-initialising it bumps the epoch and fences older sessions",
+    )
+
+
+class ProducerPublic(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"producer_id": 4021, "producer_epoch": 0}]}
+    )
+    producer_id: int
+    producer_epoch: int
+
+
 class OffsetPublic(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from .metadata import BrokerMeta, MetadataStore, PartitionMeta, TopicMeta
 from .partitioner import StickyPartitioner, partition_for_key
 
 MAX_PARTITIONS_PER_TOPIC = 10_000
+_TRANSACTIONAL_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 BROKER_LEASE_MS = 30_000
 
 
@@ -237,6 +239,16 @@ class Broker:
             for p in new:
                 await self.logs.create(name, p.partition, self.log_config(name))
             return updated
+
+    # -- producers -------------------------------------------------------------------------------
+
+    async def init_producer(self, transactional_id: str | None) -> tuple[int, int]:
+        """A producer id and epoch for an idempotent producer session (see MetadataStore)."""
+        if transactional_id is not None and not _TRANSACTIONAL_ID.fullmatch(transactional_id):
+            raise LogbusError(
+                "transactional_id must be 1..249 of [a-zA-Z0-9._-]", code=ErrorCode.INVALID_REQUEST
+            )
+        return await asyncio.to_thread(self.store.init_producer, transactional_id)
 
     # -- records ---------------------------------------------------------------------------------
 

@@ -61,6 +61,25 @@ brokers_table = sa.Table(
 )
 
 
+counters_table = sa.Table(
+    "counters",
+    metadata_obj,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("value", sa.BigInteger, nullable=False),
+)
+
+producer_names_table = sa.Table(
+    "producer_names",
+    metadata_obj,
+    sa.Column("name", sa.String(249), primary_key=True),
+    sa.Column("producer_id", sa.BigInteger, nullable=False),
+    sa.Column("producer_epoch", sa.Integer, nullable=False),
+)
+
+PRODUCER_ID_COUNTER = "next_producer_id"
+MAX_PRODUCER_EPOCH = 2**15 - 1  # int16 in the batch header; Kafka takes a new id past it
+
+
 @dataclass(frozen=True)
 class PartitionMeta:
     topic: str
@@ -218,6 +237,53 @@ class MetadataStore:
             if add_partitions:
                 c.execute(partitions_table.insert(), [_partition_row(p) for p in add_partitions])
         return self.topic(name)
+
+    # -- producers ---------------------------------------------------------------------------------
+
+    def init_producer(self, name: str | None) -> tuple[int, int]:
+        """(producer id, epoch) for a new producer session, in one transaction.
+
+        Without a name: a fresh id (ids come from a persisted counter and are never reused)
+        and epoch 0. With a name (Kafka's ``transactional.id``): the same id with the epoch
+        bumped, which fences every older session of that name; a fresh id past epoch 32767.
+        """
+        with self.engine.begin() as c:
+            row = None
+            if name is not None:
+                row = c.execute(
+                    sa.select(producer_names_table).where(producer_names_table.c.name == name)
+                ).first()
+            if row is not None and row.producer_epoch < MAX_PRODUCER_EPOCH:
+                pid, epoch = int(row.producer_id), int(row.producer_epoch) + 1
+            else:
+                pid, epoch = self._next_producer_id(c), 0
+            if name is not None:
+                values = {"producer_id": pid, "producer_epoch": epoch}
+                updated = c.execute(
+                    producer_names_table.update()
+                    .where(producer_names_table.c.name == name)
+                    .values(**values)
+                ).rowcount
+                if not updated:
+                    c.execute(producer_names_table.insert().values(name=name, **values))
+            return pid, epoch
+
+    @staticmethod
+    def _next_producer_id(c: sa.Connection) -> int:
+        current = c.execute(
+            sa.select(counters_table.c.value).where(counters_table.c.name == PRODUCER_ID_COUNTER)
+        ).scalar_one_or_none()
+        if current is None:
+            c.execute(counters_table.insert().values(name=PRODUCER_ID_COUNTER, value=1))
+            return 0
+        updated = c.execute(
+            counters_table.update()
+            .where(counters_table.c.name == PRODUCER_ID_COUNTER, counters_table.c.value == current)
+            .values(value=current + 1)
+        ).rowcount
+        if not updated:  # another broker took it first (PostgreSQL): the caller retries
+            raise ConcurrentUpdateError("producer id allocation raced; retry")
+        return int(current)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

@@ -23,6 +23,7 @@ EXPECTED_PATHS = {
     "/v1/topics/{topic}/records": {"post"},
     "/v1/topics/{topic}/partitions/{partition}/records": {"get", "post"},
     "/v1/cluster": {"get"},
+    "/v1/producers": {"post"},
     "/healthz": {"get"},
     "/readyz": {"get"},
     "/metrics": {"get"},

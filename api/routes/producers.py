@@ -1,0 +1,22 @@
+"""Producer sessions for idempotent produce: ids and epochs, as Kafka's InitProducerId."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from ..schemas import ProducerInit, ProducerPublic
+from ..state import BrokerDep
+from .common import errors
+
+router = APIRouter(prefix="/v1/producers", tags=["producers"])
+
+
+@router.post(
+    "",
+    status_code=201,
+    summary="Start a producer session: a producer id and epoch for idempotent produce",
+    responses=errors(400, 409),
+)
+async def init_producer(body: ProducerInit, broker: BrokerDep) -> ProducerPublic:
+    pid, epoch = await broker.init_producer(body.transactional_id)
+    return ProducerPublic(producer_id=pid, producer_epoch=epoch)
