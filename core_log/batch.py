@@ -223,8 +223,11 @@ def decode_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def encode_records(records: Sequence[Record], base_timestamp: int) -> bytes:
-    """Encode ``records`` (offset deltas 0..n-1) into the records section of a batch.
+def encode_records(
+    records: Sequence[Record], base_timestamp: int, offset_deltas: Sequence[int] | None = None
+) -> bytes:
+    """Encode ``records`` (offset deltas 0..n-1, or ``offset_deltas`` — the compaction
+    cleaner keeps the original ones) into the records section of a batch.
 
     The hot loop of every JSON produce: no per-record joins, table lookups for small varints.
     """
@@ -233,7 +236,10 @@ def encode_records(records: Sequence[Record], base_timestamp: int) -> bytes:
     v = encode_varint
     table = _VARINT
     small = _SMALL_VARINT
-    for delta, r in enumerate(records):
+    pairs = (
+        enumerate(records) if offset_deltas is None else zip(offset_deltas, records, strict=True)
+    )
+    for delta, r in pairs:
         d = r.timestamp - base_timestamp
         tsb = table[(d << 1) ^ (d >> 63)] if -small <= d < small else v(d)
         ob = table[delta << 1] if delta < small else v(delta)
@@ -599,6 +605,52 @@ def recompress(buf: bytes | memoryview, codec: Compression, pos: int = 0) -> byt
         base_sequence=h.base_sequence,
         record_count=h.record_count,
     )
+
+
+def rebuild_batch(
+    h: BatchHeader, records: Sequence[Record], delete_horizon_ms: int | None
+) -> bytes:
+    """Batch ``h`` holding only ``records`` (a subset of its records, decoded with absolute
+    offsets), for the compaction cleaner. ``records`` may be empty: Kafka keeps the emptied
+    last batch of a producer so its sequence numbers survive.
+
+    Every header field is kept — base offset, ``lastOffsetDelta`` (so the batch's offset range
+    and the producer's last sequence stay), leader epoch, codec, timestamp type, producer id,
+    epoch and base sequence — and each record keeps its original offset delta. With
+    ``delete_horizon_ms`` the batch carries a delete horizon as in Kafka's KIP-534: the
+    ``DELETE_HORIZON`` attribute bit is set and ``baseTimestamp`` holds the horizon (record
+    timestamps stay exact: their deltas are relative to it).
+    """
+    attributes = h.attributes & ~DELETE_HORIZON_MASK
+    if delete_horizon_ms is not None:
+        attributes |= DELETE_HORIZON_MASK
+        base_ts = delete_horizon_ms
+    else:
+        base_ts = records[0].timestamp if records else h.base_timestamp
+    if h.log_append_time or not records:
+        max_ts = h.max_timestamp
+    else:
+        max_ts = max(r.timestamp for r in records)
+    deltas = [r.offset - h.base_offset for r in records]
+    body = compress(h.compression, encode_records(records, base_ts, deltas))
+    return assemble_batch(
+        body,
+        base_offset=h.base_offset,
+        partition_leader_epoch=h.partition_leader_epoch,
+        attributes=attributes,
+        last_offset_delta=h.last_offset_delta,
+        base_timestamp=base_ts,
+        max_timestamp=max_ts,
+        producer_id=h.producer_id,
+        producer_epoch=h.producer_epoch,
+        base_sequence=h.base_sequence,
+        record_count=len(records),
+    )
+
+
+def delete_horizon_of(h: BatchHeader) -> int | None:
+    """The KIP-534 delete horizon of batch ``h`` (set by the cleaner), or None."""
+    return h.base_timestamp if h.attributes & DELETE_HORIZON_MASK else None
 
 
 def restamp(buf: bytes | memoryview, timestamp: int, pos: int = 0) -> bytes:

@@ -18,6 +18,9 @@ Theory of operation
   point, high watermark, log start offset) and ``leader-epoch-checkpoint``; both checkpoints are
   written atomically. Recovery after an unclean shutdown re-validates every segment from the one
   holding the recovery point and cuts the log at the first invalid batch.
+* Compaction (:mod:`core_log.cleaner`) rewrites segments as ``*.cleaned`` files, then swaps
+  them in under the lock (:meth:`PartitionLog.swap_cleaned`); at open,
+  :func:`complete_swaps` undoes an uncommitted swap or finishes a committed one.
 
 Threading: one ``RLock`` guards the state; every public method is safe from any thread.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +43,8 @@ from .batch import (
     restamp,
     split_batches,
 )
-from .checkpoint import read_json, write_json
+from .checkpoint import fsync_dir, read_json, write_json
+from .cleaner import DEFAULT_MAX_KEYS, CleanResult, clean_log
 from .clock import Clock
 from .compression import Compression
 from .config import LogConfig
@@ -57,6 +62,52 @@ from .segment import LogSegment
 CHECKPOINT_FILE = "log.checkpoint"
 EPOCH_FILE = "leader-epoch-checkpoint"
 SUFFIXES = (".log", ".index", ".timeindex")
+
+
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+
+
+def _segment_files(directory: Path, base_offset: int, suffix: str) -> list[Path]:
+    name = f"{base_offset:020d}"
+    return [p for p in (directory / f"{name}{s}{suffix}" for s in SUFFIXES[::-1]) if p.exists()]
+
+
+def complete_swaps(directory: Path, hook: Callable[[str], None] | None = None) -> None:
+    """Finish or undo a compaction swap interrupted by a crash (Kafka's rule, made atomic).
+
+    Any ``.cleaned`` file left means the commit — renaming *every* cleaned file to ``.swap`` —
+    did not finish: the pass is undone (``.swap`` files deleted first, so a crash while undoing
+    cannot leave only ``.swap`` files). Otherwise every ``.swap`` file belongs to a committed
+    pass and is renamed over the segment file it replaces; an empty ``{base}.log.swap`` means
+    that segment lost every record: its files are deleted. Index files go before the log file.
+    """
+    cleaned = sorted(directory.glob("*" + CLEANED_SUFFIX))
+    swaps = sorted(directory.glob("*" + SWAP_SUFFIX))
+    if cleaned:
+        for p in swaps:
+            p.unlink()
+        if swaps:
+            fsync_dir(directory)
+        for p in cleaned:
+            p.unlink()
+        return
+    if not swaps:
+        return
+    first = True
+    for p in sorted(swaps, key=lambda p: p.name.endswith(".log" + SWAP_SUFFIX)):
+        final = p.with_name(p.name[: -len(SWAP_SUFFIX)])
+        if p.name.endswith(".log" + SWAP_SUFFIX) and p.stat().st_size == 0:
+            stem = final.name[: -len(".log")]
+            for suffix in (".index", ".timeindex", ".log"):
+                (directory / f"{stem}{suffix}").unlink(missing_ok=True)
+            p.unlink()
+        else:
+            os.replace(p, final)
+        if first and hook is not None:
+            hook("mid-swap")
+        first = False
+    fsync_dir(directory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +152,7 @@ class PartitionLog:
         self.clock = clock
         self._handles = handles
         self._lock = threading.RLock()
+        self.cleaner_lock = threading.Lock()  # one compaction pass at a time (core_log.cleaner)
         self._segments: list[LogSegment] = []
         self.epochs = LeaderEpochCache(directory / EPOCH_FILE)
         self._log_start_offset = 0
@@ -277,7 +329,7 @@ class PartitionLog:
         self._segments.append(segment)
         return segment
 
-    def _new_segment(self, base_offset: int) -> LogSegment:
+    def _new_segment(self, base_offset: int, suffix: str = "") -> LogSegment:
         c = self.config
         return LogSegment(
             self.directory,
@@ -285,7 +337,14 @@ class PartitionLog:
             self._handles,
             index_interval_bytes=c.index_interval_bytes,
             index_max_entries=max(1, c.segment_index_bytes // 8),
+            suffix=suffix,
         )
+
+    def new_cleaned_segment(self, base_offset: int) -> LogSegment:
+        """A segment under the cleaner's temporary names (``{base}.log.cleaned`` ...)."""
+        segment = self._new_segment(base_offset, CLEANED_SUFFIX)
+        segment.create()
+        return segment
 
     def roll_if_expired(self) -> bool:
         """Roll the active segment when ``segment.ms`` has passed (called by a timer)."""
@@ -490,11 +549,84 @@ class PartitionLog:
                 self.epochs.store()
             self.write_checkpoint()
 
+    # -- compaction ------------------------------------------------------------------------------
+
+    def clean(
+        self,
+        now: int | None = None,
+        *,
+        max_keys: int = DEFAULT_MAX_KEYS,
+        throttle_bytes_per_s: float | None = None,
+    ) -> CleanResult | None:
+        """One compaction pass (:func:`core_log.cleaner.clean_log`); None unless compacted."""
+        return clean_log(self, now, max_keys=max_keys, throttle_bytes_per_s=throttle_bytes_per_s)
+
+    def swap_cleaned(
+        self,
+        replaced: list[tuple[LogSegment, int, bool]],
+        hook: Callable[[str], None] | None = None,
+    ) -> bool:
+        """Swap the cleaner's output in, atomically and under the lock.
+
+        ``replaced`` holds, per cleaned segment, (old segment, its size when it was read,
+        whether the cleaned copy holds data). The cleaned copies are fully written and fsynced
+        under ``{base}.*.cleaned`` (an empty ``{base}.log.cleaned`` alone means "no record
+        survived: remove the segment"). Returns False and removes the cleaned files when the
+        log changed meanwhile (retention, truncation, close), so the pass is dropped.
+
+        Steps (each a crash point handled by :func:`complete_swaps` at open): rename every
+        ``.cleaned`` file to ``.swap`` — the last of these renames commits the pass —, fsync the
+        directory, rename every ``.swap`` over the old file (or delete the old segment),
+        fsync the directory, load the new segments.
+        """
+        names = [
+            p
+            for old, _, _ in replaced
+            for p in _segment_files(self.directory, old.base_offset, CLEANED_SUFFIX)
+        ]
+        with self._lock:
+            current = {id(s) for s in self._segments[:-1]}
+            if self._closed or any(
+                id(old) not in current or old.size != size for old, size, _ in replaced
+            ):
+                for p in names:
+                    p.unlink(missing_ok=True)
+                return False
+            try:
+                for old, _, _ in replaced:
+                    old.close()  # pending index entries go to the old files, not the new
+                for p in names:
+                    os.replace(p, p.with_name(p.name[: -len(CLEANED_SUFFIX)] + SWAP_SUFFIX))
+                fsync_dir(self.directory)
+                if hook is not None:
+                    hook("swap")
+                complete_swaps(self.directory, hook)
+                fresh: dict[int, LogSegment | None] = {}
+                for old, _, has_data in replaced:
+                    segment = None
+                    if has_data:
+                        segment = self._new_segment(old.base_offset)
+                        segment.load()
+                    fresh[id(old)] = segment
+            except OSError as e:
+                raise KafkaStorageError(f"compaction swap in {self.directory} failed: {e}") from e
+            segments: list[LogSegment] = []
+            for s in self._segments:
+                if id(s) not in fresh:
+                    segments.append(s)
+                    continue
+                new = fresh[id(s)]
+                if new is not None:
+                    segments.append(new)
+            self._segments = segments
+            return True
+
     # -- open, recover, close --------------------------------------------------------------------
 
     def _open(self, clean_shutdown: bool) -> None:
         for stray in self.directory.glob("*.tmp"):
             stray.unlink()
+        complete_swaps(self.directory)
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
         for suffix in (".index", ".timeindex"):  # index files without a log file
             for p in self.directory.glob("*" + suffix):

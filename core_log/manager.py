@@ -14,8 +14,9 @@ Theory of operation
   partition leaves it to the replication layer (:meth:`Partition.set_high_watermark`).
 * Long-polls: :meth:`Partition.wait_for` parks a future per waiter, resolved when the high
   watermark moves; no polling, and the number of waiters per partition is bounded.
-* Background: a flusher honours ``flush.ms``; a janitor applies retention, ``segment.ms`` rolls
-  and writes checkpoints, each pass bounded in cost.
+* Background: a flusher honours ``flush.ms``; a janitor applies retention, ``segment.ms`` rolls,
+  compacts the compacted logs that are due (dirtiest first, :mod:`core_log.cleaner`) and writes
+  checkpoints, each pass bounded in cost.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .checkpoint import fsync_dir
+from .cleaner import DEFAULT_MAX_KEYS, CleanResult, cleaning_priority
 from .clock import Clock, SystemClock
 from .config import LogConfig
 from .errors import (
@@ -194,6 +196,8 @@ class LogManager:
         flush_check_interval_ms: int = 50,
         retention_check_interval_ms: int = 300_000,
         checkpoint_interval_ms: int = 60_000,
+        cleaner_max_keys: int = DEFAULT_MAX_KEYS,
+        cleaner_io_bytes_per_s: float | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.clock = clock or SystemClock()
@@ -203,6 +207,8 @@ class LogManager:
         self.flush_check_interval_ms = flush_check_interval_ms
         self.retention_check_interval_ms = retention_check_interval_ms
         self.checkpoint_interval_ms = checkpoint_interval_ms
+        self.cleaner_max_keys = cleaner_max_keys
+        self.cleaner_io_bytes_per_s = cleaner_io_bytes_per_s
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.started = False
@@ -352,6 +358,7 @@ class LogManager:
             await asyncio.sleep(self.retention_check_interval_ms / 1000)
             try:
                 await self.run_retention()
+                await self.run_cleaner()
                 if self.clock.monotonic_ms() - last_checkpoint >= self.checkpoint_interval_ms:
                     await self.write_checkpoints()
                     last_checkpoint = self.clock.monotonic_ms()
@@ -364,6 +371,29 @@ class LogManager:
         for p in list(self._partitions.values()):
             await asyncio.to_thread(p.log.roll_if_expired)
             results.append(await asyncio.to_thread(p.log.apply_retention))
+        return results
+
+    async def run_cleaner(self) -> list[CleanResult]:
+        """One compaction pass over every compacted partition that is due, dirtiest first."""
+        now = self.clock.now_ms()
+        due: list[tuple[float, Partition]] = []
+        for p in list(self._partitions.values()):
+            ratio = await asyncio.to_thread(cleaning_priority, p.log, now)
+            if ratio is not None:
+                due.append((ratio, p))
+        due.sort(key=lambda item: -item[0])
+        results = []
+        for _, p in due:
+            if p.released:
+                continue
+            result = await asyncio.to_thread(
+                p.log.clean,
+                now,
+                max_keys=self.cleaner_max_keys,
+                throttle_bytes_per_s=self.cleaner_io_bytes_per_s,
+            )
+            if result is not None:
+                results.append(result)
         return results
 
     async def write_checkpoints(self) -> int:

@@ -61,14 +61,21 @@ class LogSegment:
         *,
         index_interval_bytes: int,
         index_max_entries: int,
+        suffix: str = "",
     ) -> None:
+        """``suffix`` (e.g. ``.cleaned``) is appended to every file name: the compaction
+        cleaner writes a segment under temporary names before swapping it in."""
         self.base_offset = base_offset
         name = segment_name(base_offset)
-        self.log_path = directory / f"{name}.log"
+        self.log_path = directory / f"{name}.log{suffix}"
         self._handle = Handle(self.log_path)
         self._handles = handles
-        self.offset_index = OffsetIndex(directory / f"{name}.index", base_offset, index_max_entries)
-        self.time_index = TimeIndex(directory / f"{name}.timeindex", base_offset, index_max_entries)
+        self.offset_index = OffsetIndex(
+            directory / f"{name}.index{suffix}", base_offset, index_max_entries
+        )
+        self.time_index = TimeIndex(
+            directory / f"{name}.timeindex{suffix}", base_offset, index_max_entries
+        )
         self.index_interval_bytes = index_interval_bytes
         self.size = 0
         self.next_offset = base_offset

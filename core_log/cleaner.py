@@ -1,0 +1,369 @@
+"""Log compaction: keep the latest record per key of a ``cleanup.policy=compact`` log.
+
+Theory of operation (Kafka's LogCleaner, one log at a time)
+-----------------------------------------------------------
+* Ranges: the *cleanable* range runs from the log start to the first segment that may not be
+  cleaned: the active segment, a segment holding offsets at or past the high watermark or the
+  recovery point (only durable data is cleaned), or a segment whose largest timestamp is newer
+  than ``now - min.compaction.lag.ms``. Whole segments only. The *first dirty offset*
+  (persisted in ``cleaner-offset-checkpoint``) splits it into the clean part (already
+  compacted) and the dirty part.
+* Pass 1 maps key → latest offset over the dirty part, at most ``max_keys`` keys (the memory
+  bound). When the map is full the pass is partial: it cleans only up to the *clean point*, the
+  offset after the last record mapped; the next pass continues from there.
+* Pass 2 rewrites every segment of the cleanable range that starts below the clean point (each
+  into one new segment of the same base offset; segments are not merged). A record is dropped
+  when its key has a later offset in the map (records in the clean part are dropped as well
+  when the dirty part supersedes them). Kept always: records at or after the clean point,
+  records without a key (Kafka rejects keyless records on compacted topics; Logbus keeps
+  them) and control and transactional batches (whole: transactions are not compacted yet).
+  The last batch of every producer (``producer_id >= 0``, last in the whole log) is filtered
+  like any other but never dropped: emptied, it stays as a batch of zero records with its
+  header (producer id, epoch, sequences, offset range), which idempotence needs after a
+  restart — as Kafka does.
+* Tombstones (a key with a null value) follow KIP-534: the first pass that rewrites a batch
+  holding a tombstone stamps the batch with a delete horizon ``now + delete.retention.ms``
+  (attribute bit + ``baseTimestamp``; record timestamps are kept). A pass at or after the
+  horizon drops the batch's tombstones. A consumer that reads from the log start to its end
+  within ``delete.retention.ms`` of the first cleaning therefore sees every delete.
+* Surviving records keep their offsets, order, headers and timestamps; each rebuilt batch
+  keeps its header fields and codec (:func:`core_log.batch.rebuild_batch`); an unchanged batch
+  is copied byte for byte, an emptied batch is dropped, an emptied segment is removed and an
+  unchanged segment is not rewritten. Fetching a compacted-away offset returns the next record.
+* Swap (crash-safe, see :meth:`PartitionLog.swap_cleaned` and :func:`complete_swaps`): cleaned
+  segments are written and fsynced as ``{base}.log.cleaned`` (+ indexes) without the log's
+  lock; only the renames ``.cleaned`` → ``.swap`` → final names and the exchange of segment
+  objects run under it. A pass whose segments changed meanwhile (retention, truncation) is
+  dropped. After the swap the first dirty offset moves to the clean point.
+* Scheduling (:func:`cleaning_priority`): a log is due when its dirty ratio (dirty bytes /
+  cleanable bytes) is at least ``min.cleanable.dirty.ratio``, or a dirty segment is older
+  than ``max.compaction.lag.ms``, or (with nothing dirty) the earliest delete horizon of a
+  kept tombstone has passed; the janitor cleans due logs dirtiest first. An explicit
+  :func:`clean_log` always runs (with nothing dirty it only drops expired tombstones).
+  The active segment is not rolled for ``max.compaction.lag.ms`` (``segment.ms`` does that).
+* Throttle: an optional bytes-per-second bound on what the cleaner reads and writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .batch import (
+    HEADER_BYTES,
+    PREFIX_BYTES,
+    BatchHeader,
+    decode_records,
+    delete_horizon_of,
+    parse_header,
+    rebuild_batch,
+)
+from .checkpoint import fsync_dir, read_json, write_json
+from .config import LONG_MAX
+from .handles import RetiredHandleError
+from .segment import LogSegment
+
+if TYPE_CHECKING:
+    from .log import PartitionLog
+
+CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
+DEFAULT_MAX_KEYS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class CleanableRange:
+    first_dirty_offset: int
+    end_offset: int  # first offset that may not be cleaned
+    segments: tuple[LogSegment, ...]  # the cleanable segments, oldest first
+    clean_bytes: int
+    dirty_bytes: int
+    overdue: bool  # a dirty segment is older than max.compaction.lag.ms
+
+    @property
+    def dirty_ratio(self) -> float:
+        total = self.clean_bytes + self.dirty_bytes
+        return self.dirty_bytes / total if total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CleanResult:
+    first_dirty_offset: int  # where the map started
+    clean_point: int  # the new first dirty offset (== first_dirty_offset: nothing done)
+    segments_rewritten: int
+    segments_removed: int
+    records_removed: int
+    bytes_before: int
+    bytes_after: int
+    swapped: bool  # False: nothing to swap, or the log changed and the pass was dropped
+
+
+def _read_checkpoint(log: PartitionLog) -> tuple[int, int]:
+    state = read_json(log.directory / CLEANER_CHECKPOINT)
+    offset, horizon = -1, -1
+    if isinstance(state, dict):
+        with contextlib.suppress(TypeError, ValueError):
+            offset = int(state.get("first_dirty_offset", -1))
+            horizon = int(state.get("next_delete_horizon_ms", -1))
+    return offset, horizon
+
+
+def read_first_dirty_offset(log: PartitionLog) -> int:
+    """The persisted first dirty offset, reset to the log start when out of range."""
+    offset, _ = _read_checkpoint(log)
+    if offset < log.log_start_offset or offset > log.log_end_offset:
+        return log.log_start_offset
+    return offset
+
+
+def write_first_dirty_offset(log: PartitionLog, offset: int, next_horizon: int) -> None:
+    """Persist the first dirty offset and the earliest delete horizon of a kept tombstone
+    (when a pass is due to drop tombstones even though nothing is dirty)."""
+    state = {"first_dirty_offset": offset, "next_delete_horizon_ms": next_horizon}
+    write_json(log.directory / CLEANER_CHECKPOINT, state)
+
+
+def cleanable_range(log: PartitionLog, now: int) -> CleanableRange:
+    """The cleanable segments of ``log`` at ``now`` and how dirty they are."""
+    c = log.config
+    segments = log.segments
+    # Only durable data: a segment flushed past the recovery point is not in a running
+    # flush's list, so no flush writes to the files the swap replaces.
+    hw = min(log.high_watermark, log.recovery_point)
+    first_dirty = read_first_dirty_offset(log)
+    cleanable: list[LogSegment] = []
+    for s in segments[:-1]:  # never the active segment
+        if s.next_offset > hw or s.max_timestamp > now - c.min_compaction_lag_ms:
+            break
+        cleanable.append(s)
+    end = cleanable[-1].next_offset if cleanable else first_dirty
+    clean = sum(s.size for s in cleanable if s.next_offset <= first_dirty)
+    dirty_segments = [s for s in cleanable if s.next_offset > first_dirty]
+    overdue = any(
+        s.first_batch_ms >= 0 and now - s.first_batch_ms > c.max_compaction_lag_ms
+        for s in dirty_segments
+    )
+    dirty = sum(s.size for s in dirty_segments)
+    return CleanableRange(first_dirty, end, tuple(cleanable), clean, dirty, overdue)
+
+
+def cleaning_priority(log: PartitionLog, now: int) -> float | None:
+    """The dirty ratio of ``log`` when it is due for cleaning, else None."""
+    if not log.config.compact:
+        return None
+    r = cleanable_range(log, now)
+    if r.dirty_bytes == 0:
+        _, horizon = _read_checkpoint(log)
+        return 0.0 if r.segments and 0 <= horizon <= now else None
+    if r.overdue or r.dirty_ratio >= log.config.min_cleanable_dirty_ratio:
+        return r.dirty_ratio
+    return None
+
+
+class _Throttle:
+    """Sleep so that the bytes counted stay under ``rate`` per second (None: no bound)."""
+
+    def __init__(self, rate: float | None, sleep: Callable[[float], None]) -> None:
+        self._rate = rate
+        self._sleep = sleep
+        self._start = time.monotonic()
+        self._bytes = 0
+
+    def add(self, n: int) -> None:
+        if self._rate is None:
+            return
+        self._bytes += n
+        ahead = self._bytes / self._rate - (time.monotonic() - self._start)
+        if ahead > 0:
+            self._sleep(ahead)
+
+
+def _batches(segment: LogSegment, size: int) -> Iterator[tuple[BatchHeader, bytes]]:
+    """Every batch of ``segment`` up to byte ``size``, as (header, bytes)."""
+    position = 0
+    while position + HEADER_BYTES <= size:
+        head = segment.read_bytes(position, HEADER_BYTES)
+        h = parse_header(head)
+        yield h, head + segment.read_bytes(position + HEADER_BYTES, h.size_bytes - HEADER_BYTES)
+        position += h.size_bytes
+
+
+def _headers(segment: LogSegment, size: int) -> Iterator[BatchHeader]:
+    position = 0
+    while position + HEADER_BYTES <= size:
+        h = parse_header(segment.read_bytes(position, HEADER_BYTES))
+        yield h
+        position += h.size_bytes
+
+
+def _append(segment: LogSegment, raw: bytes, throttle: _Throttle) -> None:
+    segment.append(raw[:PREFIX_BYTES], memoryview(raw)[PREFIX_BYTES:], parse_header(raw))
+    throttle.add(len(raw))
+
+
+def _build_map(
+    dirty: list[tuple[LogSegment, int]], first_dirty: int, max_keys: int, throttle: _Throttle
+) -> tuple[dict[bytes, int], int]:
+    """Key → latest offset over the dirty segments, and the clean point (see module doc)."""
+    offset_map: dict[bytes, int] = {}
+    clean_point = first_dirty
+    for segment, size in dirty:
+        for h, raw in _batches(segment, size):
+            throttle.add(len(raw))
+            if h.next_offset <= first_dirty:
+                continue
+            if not h.is_control:
+                for r in decode_records(raw):
+                    if r.offset < first_dirty or r.key is None:
+                        continue
+                    if r.key not in offset_map and len(offset_map) >= max_keys:
+                        return offset_map, max(clean_point, r.offset)
+                    offset_map[r.key] = r.offset
+            clean_point = h.next_offset
+        clean_point = max(clean_point, segment.next_offset)
+    return offset_map, clean_point
+
+
+def clean_log(
+    log: PartitionLog,
+    now: int | None = None,
+    *,
+    max_keys: int = DEFAULT_MAX_KEYS,
+    throttle_bytes_per_s: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    hook: Callable[[str], None] | None = None,
+) -> CleanResult | None:
+    """One cleaning pass over ``log`` (see the module doc); None unless it is compacted.
+
+    Runs without the log's lock except for the final swap. ``hook`` is called with
+    ``"cleaned"`` (cleaned files written), ``"swap"`` (all renamed to ``.swap``) and
+    ``"mid-swap"`` (first file renamed into place): tests raise there to simulate a crash.
+    """
+    if max_keys < 1:
+        raise ValueError("max_keys must be at least 1")
+    if not log.config.compact:
+        return None
+    with log.cleaner_lock:  # one pass per log at a time: they would share file names
+        return _clean(log, now, max_keys, throttle_bytes_per_s, sleep, hook)
+
+
+def _clean(
+    log: PartitionLog,
+    now: int | None,
+    max_keys: int,
+    throttle_bytes_per_s: float | None,
+    sleep: Callable[[float], None],
+    hook: Callable[[str], None] | None,
+) -> CleanResult:
+    c = log.config
+    now = log.clock.now_ms() if now is None else now
+    r = cleanable_range(log, now)
+    first_dirty = r.first_dirty_offset
+    nothing = CleanResult(first_dirty, first_dirty, 0, 0, 0, 0, 0, False)
+    dirty = [(s, s.size) for s in r.segments if s.next_offset > first_dirty]
+    if not r.segments or (not dirty and not 0 <= _read_checkpoint(log)[1] <= now):
+        return nothing  # nothing dirty and no tombstone due to go
+    for stray in log.directory.glob("*.cleaned"):  # an earlier pass that failed
+        stray.unlink()
+    throttle = _Throttle(throttle_bytes_per_s, sleep)
+    written: list[LogSegment] = []
+    try:
+        offset_map, clean_point = _build_map(dirty, first_dirty, max_keys, throttle)
+        last_batch_of: dict[int, int] = {}  # producer id -> base offset of its last batch
+        for s in log.segments:
+            for h in _headers(s, s.size):
+                if h.producer_id >= 0:
+                    last_batch_of[h.producer_id] = h.base_offset
+        replaced: list[tuple[LogSegment, int, bool]] = []
+        removed_records = bytes_before = bytes_after = removed_segments = 0
+        horizon_for_new = min(now + c.delete_retention_ms, LONG_MAX)
+        next_horizon = LONG_MAX  # the earliest horizon of a tombstone kept
+        for old in r.segments:
+            if old.base_offset >= clean_point:
+                break
+            size = old.size
+            # The cleaned copy is started at the first change (unchanged batches before it
+            # are copied then): a segment with nothing to drop is only read, never written.
+            new: LogSegment | None = None
+            position = 0
+            for h, raw in _batches(old, size):
+                throttle.add(len(raw))
+                batch_position, position = position, position + h.size_bytes
+                out = raw
+                producer_last = (
+                    h.producer_id >= 0 and last_batch_of.get(h.producer_id) == h.base_offset
+                )
+                if not (h.is_control or h.is_transactional):
+                    records = decode_records(raw)
+                    horizon = delete_horizon_of(h)
+                    kept = [
+                        rec
+                        for rec in records
+                        if rec.offset >= clean_point
+                        or rec.key is None
+                        or (
+                            offset_map.get(rec.key, -1) <= rec.offset
+                            and not (rec.value is None and horizon is not None and now >= horizon)
+                        )
+                    ]
+                    removed_records += len(records) - len(kept)
+                    new_horizon = horizon
+                    if any(rec.value is None and rec.key is not None for rec in kept):
+                        if new_horizon is None:
+                            new_horizon = horizon_for_new
+                        next_horizon = min(next_horizon, new_horizon)
+                    emptied = not kept and not producer_last  # e.g. an old empty batch
+                    if len(kept) != len(records) or new_horizon != horizon or emptied:
+                        if new is None:
+                            new = log.new_cleaned_segment(old.base_offset)
+                            written.append(new)
+                            for _, earlier in _batches(old, batch_position):
+                                _append(new, earlier, throttle)
+                        if kept or producer_last:  # a producer's last batch stays, even empty
+                            _append(new, rebuild_batch(h, kept, new_horizon), throttle)
+                        continue
+                if new is not None:
+                    _append(new, out, throttle)
+            if new is None:
+                continue
+            bytes_before += size
+            bytes_after += new.size
+            if new.is_empty:
+                removed_segments += 1
+            else:
+                new.on_roll()
+                new.offset_index.flush(fsync=True)
+                new.time_index.flush(fsync=True)
+                new.fsync()
+            new.close()
+            replaced.append((old, size, not new.is_empty))
+        if not replaced:
+            write_first_dirty_offset(log, clean_point, next_horizon)
+            return CleanResult(first_dirty, clean_point, 0, 0, 0, 0, 0, False)
+        fsync_dir(log.directory)
+        if hook is not None:
+            hook("cleaned")
+    except (RetiredHandleError, FileNotFoundError):
+        # A segment went away under us (retention, truncation, close): drop the pass.
+        for new in written:
+            new.delete()
+        return nothing
+    except Exception:
+        for new in written:
+            new.delete()
+        raise
+    if not log.swap_cleaned(replaced, hook):
+        return nothing
+    write_first_dirty_offset(log, clean_point, next_horizon)
+    return CleanResult(
+        first_dirty,
+        clean_point,
+        len(replaced) - removed_segments,
+        removed_segments,
+        removed_records,
+        bytes_before,
+        bytes_after,
+        True,
+    )
