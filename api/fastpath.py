@@ -96,7 +96,7 @@ class FastPath:
                     topic,
                     partition,
                     query,
-                    headers.get("content-type"),
+                    headers,
                     body_chunks(receive),
                 )
             else:

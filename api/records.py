@@ -93,15 +93,20 @@ async def produce(
     topic: str,
     partition: int | None,
     query: Mapping[str, str],
-    content_type: str | None,
+    headers: Mapping[str, str],
     body: Body,
 ) -> Reply:
+    """Produce the request body. ``headers`` needs Content-Type and may carry a producer
+    session (Logbus-Producer-Id, Logbus-Producer-Epoch, Logbus-Sequence) for idempotence."""
     acks = Acks.parse(query.get("acks"))
-    kind = media_type(content_type) or JSON
+    kind = media_type(headers.get("content-type")) or JSON
+    producer = producer_session(headers)
     meta = broker.topic(topic)  # 404 before reading the body
     if partition is not None:
         broker.partition(topic, partition)
     if kind == BATCH:
+        if producer is not None:
+            raise bad_request("binary batches carry their producer id, epoch and sequence")
         return await _produce_binary(broker, settings, topic, partition, acks, body)
     now = broker.clock.now_ms()
     if kind == JSON:
@@ -111,7 +116,80 @@ async def produce(
         parsed = await _parse_ndjson(body, settings, now)
     else:
         raise unsupported_media_type(kind, PRODUCE_TYPES)
+    if producer is not None:
+        return await _produce_idempotent(broker, topic, partition, acks, parsed, producer)
     return await _produce_parsed(broker, topic, partition, acks, parsed, meta.partitions)
+
+
+@dataclass(frozen=True)
+class ProducerSession:
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+
+_PRODUCER_HEADERS = (
+    ("logbus-producer-id", 0, 2**63 - 1),
+    ("logbus-producer-epoch", 0, 2**15 - 1),
+    ("logbus-sequence", 0, 2**31 - 1),
+)
+
+
+def producer_session(headers: Mapping[str, str]) -> ProducerSession | None:
+    """The idempotent-producer headers: all three, or none."""
+    raw = [headers.get(name) for name, _, _ in _PRODUCER_HEADERS]
+    if all(v is None for v in raw):
+        return None
+    values = []
+    for (name, low, high), v in zip(_PRODUCER_HEADERS, raw, strict=True):
+        if v is None or not v.isdigit() or not low <= int(v) <= high:
+            raise bad_request(
+                f"{name} must be an integer in [{low}, {high}]; an idempotent request carries "
+                "Logbus-Producer-Id, Logbus-Producer-Epoch and Logbus-Sequence together"
+            )
+        values.append(int(v))
+    return ProducerSession(*values)
+
+
+async def _produce_idempotent(
+    broker: Broker,
+    topic: str,
+    partition: int | None,
+    acks: Acks,
+    parsed: list[tuple[int | None, Record]],
+    producer: ProducerSession,
+) -> Reply:
+    """One batch with the producer's id, epoch and base sequence (sequences are per partition,
+    as in Kafka). A retry of one of the last 5 answers with the original offsets."""
+    if partition is None:
+        raise bad_request(
+            "idempotent produce needs a partition path: sequences are counted per partition"
+        )
+    for i, (explicit, _) in enumerate(parsed):
+        if explicit not in (None, partition):
+            raise bad_request(f"records[{i}].partition differs from the path's partition")
+    records = [r for _, r in parsed]
+    data = build_batch(
+        records,
+        producer_id=producer.producer_id,
+        producer_epoch=producer.producer_epoch,
+        base_sequence=producer.base_sequence,
+    )
+    max_message_bytes = broker.log_config(topic).max_message_bytes
+    if len(data) > max_message_bytes:
+        raise RecordTooLargeError(
+            f"an idempotent request is one batch: {len(data)} bytes is over the topic's "
+            f"max.message.bytes {max_message_bytes}",
+            max_message_bytes=max_message_bytes,
+        )
+    result = await broker.append(topic, partition, data, acks)
+    offsets = [
+        {"partition": partition, "offset": result.base_offset + i} for i in range(len(records))
+    ]
+    reply = _produce_reply(acks, offsets, len(records), len(data))
+    if result.duplicate:
+        reply.headers["Logbus-Duplicate"] = "true"
+    return reply
 
 
 async def _produce_binary(
@@ -127,7 +205,10 @@ async def _produce_binary(
         raise bad_request("empty body")
     result = await broker.append(topic, partition, data, acks)
     offsets = [{"partition": partition, "offset": result.base_offset}]
-    return _produce_reply(acks, offsets, result.records, len(data))
+    reply = _produce_reply(acks, offsets, result.records, len(data))
+    if result.duplicate:
+        reply.headers["Logbus-Duplicate"] = "true"
+    return reply
 
 
 async def _produce_parsed(

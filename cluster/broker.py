@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core_log.batch import HEADER_BYTES, parse_header
 from core_log.clock import Clock, SystemClock
 from core_log.config import KEYS_BY_NAME, LogConfig
 from core_log.errors import (
@@ -82,6 +83,7 @@ class Broker:
         self.data_dir = config.data_dir
         self.metadata: MetadataStore | None = None
         self._topics: dict[str, TopicMeta] = {}
+        self._producer_epochs: dict[int, int] = {}  # named producers: latest epoch handed out
         self.logs = LogManager(
             config.data_dir,
             clock=self.clock,
@@ -105,6 +107,7 @@ class Broker:
             self.clock.now_ms() + BROKER_LEASE_MS,
         )
         self._topics = {t.name: t for t in await asyncio.to_thread(self.metadata.topics)}
+        self._producer_epochs = await asyncio.to_thread(self.metadata.producer_epochs)
         await self.logs.start()
         await self._reconcile()
         self.ready = True
@@ -248,7 +251,10 @@ class Broker:
             raise LogbusError(
                 "transactional_id must be 1..249 of [a-zA-Z0-9._-]", code=ErrorCode.INVALID_REQUEST
             )
-        return await asyncio.to_thread(self.store.init_producer, transactional_id)
+        pid, epoch = await asyncio.to_thread(self.store.init_producer, transactional_id)
+        if transactional_id is not None:
+            self._producer_epochs[pid] = epoch
+        return pid, epoch
 
     # -- records ---------------------------------------------------------------------------------
 
@@ -271,7 +277,24 @@ class Broker:
         self, topic: str, partition: int, data: bytes | memoryview, acks: Acks
     ) -> AppendResult:
         p = self.partition(topic, partition)
+        self._check_not_fenced(data)
         return await p.append(data, leader_epoch=0, durable=acks is Acks.ALL)
+
+    def _check_not_fenced(self, data: bytes | memoryview) -> None:
+        """A re-initialised named producer fences its older sessions on every partition at
+        once, not only on those where the new session has written (the broker knows the epoch
+        it handed out)."""
+        if not self._producer_epochs or len(data) < HEADER_BYTES:
+            return
+        h = parse_header(data)
+        latest = self._producer_epochs.get(h.producer_id)
+        if latest is not None and h.producer_epoch < latest:
+            raise LogbusError(
+                f"producer {h.producer_id} epoch {h.producer_epoch} is fenced by epoch {latest}",
+                code=ErrorCode.INVALID_PRODUCER_EPOCH,
+                epoch=latest,
+                received_epoch=h.producer_epoch,
+            )
 
     async def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> ReadResult:
         return await self.partition(topic, partition).read(offset, max_bytes)

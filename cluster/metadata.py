@@ -268,6 +268,12 @@ class MetadataStore:
                     c.execute(producer_names_table.insert().values(name=name, **values))
             return pid, epoch
 
+    def producer_epochs(self) -> dict[int, int]:
+        """Latest epoch of every named producer (the epochs that fence older sessions)."""
+        with self.engine.connect() as c:
+            rows = c.execute(sa.select(producer_names_table))
+            return {int(r.producer_id): int(r.producer_epoch) for r in rows}
+
     @staticmethod
     def _next_producer_id(c: sa.Connection) -> int:
         current = c.execute(

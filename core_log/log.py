@@ -57,6 +57,7 @@ from .errors import (
 )
 from .handles import HandleCache
 from .limits import MAX_FETCH_BYTES, MAX_SEGMENTS_DELETED_PER_PASS
+from .producer_state import ProducerStateManager
 from .segment import LogSegment
 
 CHECKPOINT_FILE = "log.checkpoint"
@@ -118,6 +119,7 @@ class AppendResult:
     records: int
     size_bytes: int
     log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
+    duplicate: bool = False  # an idempotent retry: these are the original offsets, nothing new
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,7 @@ class PartitionLog:
         self.cleaner_lock = threading.Lock()  # one compaction pass at a time (core_log.cleaner)
         self._segments: list[LogSegment] = []
         self.epochs = LeaderEpochCache(directory / EPOCH_FILE)
+        self.producers = ProducerStateManager()
         self._log_start_offset = 0
         self._high_watermark = 0
         self._recovery_point = 0
@@ -222,6 +225,8 @@ class PartitionLog:
             self._check_open()
             if as_follower:
                 self._check_follower_offsets(headers)
+            elif (duplicate := self._check_producer(headers, len(view))) is not None:
+                return duplicate
             now = self.clock.now_ms()
             append_time = now if self.config.log_append_time and not as_follower else -1
             batches = self._prepared(view, headers, append_time, as_follower)
@@ -241,6 +246,8 @@ class PartitionLog:
                 segment.append(prefix, raw[PREFIX_BYTES:], h)
                 if self.epochs.assign(epoch, h.base_offset):
                     self.epochs.store()
+                if h.producer_id >= 0:
+                    self.producers.update(h, h.base_offset, now)
                 offset = h.next_offset
             return AppendResult(
                 base_offset=first,
@@ -280,6 +287,23 @@ class PartitionLog:
                 )
             out.append((raw, h))
         return out
+
+    def _check_producer(self, headers: list[BatchHeader], size: int) -> AppendResult | None:
+        """Idempotence (Kafka semantics): a retry of one of the producer's last 5 batches
+        answers with the original offsets and appends nothing; a sequence gap or a fenced epoch
+        raises. An idempotent batch must be alone in its request, as a Kafka producer sends it.
+        """
+        if not any(h.producer_id >= 0 for h in headers):
+            return None
+        if len(headers) > 1:
+            raise InvalidRecordError("an idempotent batch must be the only batch of its request")
+        h = headers[0]
+        dup = self.producers.check(h)
+        if dup is None:
+            return None
+        return AppendResult(
+            dup.first_offset, dup.last_offset, 1, h.record_count, size, -1, duplicate=True
+        )
 
     def _target_compression(self) -> Compression | None:
         kind = self.config.compression_type
@@ -327,6 +351,8 @@ class PartitionLog:
         segment.create()
         segment.pin(True)
         self._segments.append(segment)
+        if len(self.producers):
+            self.producers.snapshot(self.directory, base_offset)  # recovery replays from here
         return segment
 
     def _new_segment(self, base_offset: int, suffix: str = "") -> LogSegment:
@@ -471,6 +497,7 @@ class PartitionLog:
             # empty at its end (everything below it was already below the log start).
             self._log_start_offset = min(self._log_start_offset, leo)
             self._high_watermark = min(self._high_watermark, leo)
+            self._reload_producers()
             self._recovery_point = min(self._recovery_point, leo)
             return leo
 
@@ -487,6 +514,7 @@ class PartitionLog:
             self.epochs.clear()
             self.epochs.store()
             self.write_checkpoint()
+            self._reload_producers()
 
     # -- retention -------------------------------------------------------------------------------
 
@@ -545,6 +573,7 @@ class PartitionLog:
     def _advance_log_start(self, offset: int) -> None:
         if offset > self._log_start_offset:
             self._log_start_offset = offset
+            self.producers.truncate_from_start(offset)
             if self.epochs.truncate_from_start(offset):
                 self.epochs.store()
             self.write_checkpoint()
@@ -660,6 +689,24 @@ class PartitionLog:
             self._log_start_offset
         ):
             self.epochs.store()
+        self._reload_producers()
+
+    def _reload_producers(self) -> None:
+        """Producer state = the newest snapshot at or below the LEO + a replay of the batch
+        headers after it (headers only: no record is decoded)."""
+        start = self.producers.recover(self.directory, self._log_start_offset, self.log_end_offset)
+        now = self.clock.now_ms()
+        for segment in self._segments:
+            if segment.next_offset <= start:
+                continue
+            for h in segment.batch_headers(start):
+                if h.producer_id >= 0 and h.base_offset >= start:
+                    self.producers.update(h, h.base_offset, now)
+
+    def expire_producers(self, producer_id_expiration_ms: int) -> list[int]:
+        """Forget producers idle for longer than the window (Kafka: producer.id.expiration.ms)."""
+        with self._lock:
+            return self.producers.expire(self.clock.now_ms(), producer_id_expiration_ms)
 
     def _recover(self, recovery_point: int) -> None:
         """Load segments below the recovery point; re-validate the rest (Kafka's LogLoader)."""
@@ -706,6 +753,8 @@ class PartitionLog:
         self.flush()
         with self._lock:
             self.write_checkpoint()
+            if len(self.producers):
+                self.producers.snapshot(self.directory, self.log_end_offset)
             for segment in self._segments:
                 segment.close()
             self._closed = True

@@ -195,6 +195,22 @@ class LogSegment:
                 position += h.size_bytes
         return None
 
+    def batch_headers(self, from_offset: int) -> list[BatchHeader]:
+        """Headers of the batches from the one holding ``from_offset`` to the end."""
+        found = self.find_batch(from_offset)
+        if found is None:
+            return []
+        position, _ = found
+        out: list[BatchHeader] = []
+        with self._handles.use(self._handle) as fd:
+            while position < self.size:
+                h = self._header_at(fd, position)
+                if h is None:
+                    break
+                out.append(h)
+                position += h.size_bytes
+        return out
+
     def slice(self, offset: int, max_bytes: int, end_position: int) -> FetchSlice | None:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at least one
         batch) and never past ``end_position``. None when nothing at ``offset`` is readable."""

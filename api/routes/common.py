@@ -15,7 +15,8 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         "CORRUPT_MESSAGE, ...)",
         404: "Unknown topic or partition (UNKNOWN_TOPIC_OR_PARTITION)",
         406: "Cannot answer in the Accept type (NOT_ACCEPTABLE)",
-        409: "Conflict (TOPIC_ALREADY_EXISTS, CONCURRENT_UPDATE)",
+        409: "Conflict (TOPIC_ALREADY_EXISTS, CONCURRENT_UPDATE, OUT_OF_ORDER_SEQUENCE_NUMBER, "
+        "INVALID_PRODUCER_EPOCH)",
         413: "Body or batch too large (PAYLOAD_TOO_LARGE, MESSAGE_TOO_LARGE, "
         "RECORD_LIST_TOO_LARGE)",
         415: "Unsupported content type (UNSUPPORTED_MEDIA_TYPE)",

@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 
 from core_log.errors import LogbusError
 
@@ -140,13 +140,34 @@ async def produce_records(
 
 @router.post(
     "/{topic}/partitions/{partition}/records",
-    summary="Produce records or binary batches to one partition",
+    summary="Produce records or binary batches to one partition (idempotent with a session)",
     openapi_extra=_PRODUCE_BODY,
-    responses={200: {"model": ProduceResponse}, **errors(400, 404, 413, 415)},
+    responses={200: {"model": ProduceResponse}, **errors(400, 404, 409, 413, 415)},
     response_model=None,
 )
 async def produce_partition_records(
-    topic: str, partition: int, request: Request, state: StateDep, acks: Acks = None
+    topic: str,
+    partition: int,
+    request: Request,
+    state: StateDep,
+    acks: Acks = None,
+    producer_id: Annotated[
+        str | None,
+        Header(
+            alias="Logbus-Producer-Id",
+            description="idempotent produce (JSON/NDJSON): the id from POST /v1/producers",
+        ),
+    ] = None,
+    producer_epoch: Annotated[
+        str | None, Header(alias="Logbus-Producer-Epoch", description="the session's epoch")
+    ] = None,
+    sequence: Annotated[
+        str | None,
+        Header(
+            alias="Logbus-Sequence",
+            description="sequence of the first record; the next request adds the record count",
+        ),
+    ] = None,
 ) -> Response:
     return await _produce(state, request, topic, partition)
 
@@ -160,7 +181,7 @@ async def _produce(
         topic,
         partition,
         request.query_params,
-        request.headers.get("content-type"),
+        request.headers,
         request.stream(),
     )
     return await _serve(state, "produce", "POST", topic, call)

@@ -361,8 +361,16 @@ def test_min_compaction_lag_and_high_watermark_bound_the_range(tmp_path: Path) -
 def test_producer_last_batch_and_keyless_records_are_kept(tmp_path: Path) -> None:
     clock = ManualClock(NOW)
     log = open_log(tmp_path, clock, config())
-    log.append(build_batch([Record(b"1", b"k", timestamp=NOW)], producer_id=7, base_sequence=0))
-    log.append(build_batch([Record(b"2", b"k", timestamp=NOW)], producer_id=7, base_sequence=1))
+    log.append(
+        build_batch(
+            [Record(b"1", b"k", timestamp=NOW)], producer_id=7, producer_epoch=0, base_sequence=0
+        )
+    )
+    log.append(
+        build_batch(
+            [Record(b"2", b"k", timestamp=NOW)], producer_id=7, producer_epoch=0, base_sequence=1
+        )
+    )
     log.append(build_batch([Record(b"3", b"k", timestamp=NOW), Record(b"x", None, timestamp=NOW)]))
     roll_everything(log, clock)
     log.clean()
@@ -385,7 +393,9 @@ def test_producer_last_batch_and_keyless_records_are_kept(tmp_path: Path) -> Non
     assert [(r.offset, r.value) for r in read_all(reopened)] == [(2, b"3"), (3, b"x")]
     # Once producer 7 writes again, its emptied batch is an ordinary empty batch: dropped.
     reopened.append(
-        build_batch([Record(b"4", b"j", timestamp=NOW)], producer_id=7, base_sequence=2)
+        build_batch(
+            [Record(b"4", b"j", timestamp=NOW)], producer_id=7, producer_epoch=0, base_sequence=2
+        )
     )
     roll_everything(reopened, clock)
     reopened.clean()

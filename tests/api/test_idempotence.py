@@ -1,0 +1,171 @@
+"""Idempotent produce over HTTP (Kafka semantics): retries append nothing and answer with the
+original offsets; gaps are 409 OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch is fenced."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+
+from tests.api.conftest import make_client, start_broker
+from tests.api.helpers import DefaultRecordBatchBuilder, assert_problem, create_topic, end_offsets
+
+BATCH = "application/vnd.logbus.batch"
+
+
+def session(http: httpx.Client, name: str | None = None) -> tuple[int, int]:
+    body = {} if name is None else {"transactional_id": name}
+    doc = http.post("/v1/producers", json=body).json()
+    return doc["producer_id"], doc["producer_epoch"]
+
+
+def produce(
+    http: httpx.Client, topic: str, pid: int, epoch: int, seq: int, values: list[object]
+) -> httpx.Response:
+    return http.post(
+        f"/v1/topics/{topic}/partitions/0/records",
+        json={"records": [{"value": v} for v in values]},
+        headers={
+            "Logbus-Producer-Id": str(pid),
+            "Logbus-Producer-Epoch": str(epoch),
+            "Logbus-Sequence": str(seq),
+        },
+    )
+
+
+def offsets(r: httpx.Response) -> list[int]:
+    assert r.status_code == 200, r.text
+    return [o["offset"] for o in r.json()["offsets"]]
+
+
+def values(http: httpx.Client, topic: str) -> list[object]:
+    r = http.get(f"/v1/topics/{topic}/partitions/0/records", params={"offset": 0})
+    return [rec["value"] for rec in r.json()["records"]]
+
+
+def test_retry_gap_and_fencing(http: httpx.Client) -> None:
+    topic = create_topic(http, "idem", partitions=1)
+    pid, epoch = session(http, f"{topic}-app")
+    assert offsets(produce(http, topic, pid, epoch, 0, ["a", "b", "c"])) == [0, 1, 2]
+    retry = produce(http, topic, pid, epoch, 0, ["a", "b", "c"])
+    assert offsets(retry) == [0, 1, 2] and retry.headers["logbus-duplicate"] == "true"
+    assert offsets(produce(http, topic, pid, epoch, 3, ["d"])) == [3]
+    gap = produce(http, topic, pid, epoch, 9, ["x"])
+    body = assert_problem(gap, 409, "OUT_OF_ORDER_SEQUENCE_NUMBER")
+    assert (body["expected"], body["received"]) == (4, 9)
+    _, new_epoch = session(http, f"{topic}-app")  # a new instance of the same app
+    assert new_epoch == epoch + 1
+    assert_problem(produce(http, topic, pid, epoch, 4, ["zombie"]), 409, "INVALID_PRODUCER_EPOCH")
+    assert offsets(produce(http, topic, pid, new_epoch, 0, ["e"])) == [4]
+    assert values(http, topic) == ["a", "b", "c", "d", "e"]
+    assert end_offsets(http, topic) == [5]
+
+
+def test_bad_sessions_are_400(http: httpx.Client) -> None:
+    topic = create_topic(http, "idembad", partitions=2)
+    h = {"Logbus-Producer-Id": "1", "Logbus-Producer-Epoch": "0"}  # no sequence
+    r = http.post(
+        f"/v1/topics/{topic}/partitions/0/records", json={"records": [{"value": 1}]}, headers=h
+    )
+    assert_problem(r, 400, "INVALID_REQUEST")
+    h["Logbus-Sequence"] = "0"
+    r = http.post(f"/v1/topics/{topic}/records", json={"records": [{"value": 1}]}, headers=h)
+    assert_problem(r, 400, "INVALID_REQUEST")  # sequences are per partition: a path is needed
+    assert end_offsets(http, topic) == [0, 0]
+
+
+def kafka_idempotent_batch(pid: int, epoch: int, seq: int, n: int) -> bytes:
+    b = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        batch_size=1 << 20,
+    )
+    for i in range(n):
+        assert b.append(
+            i, timestamp=1_700_000_000_000, key=None, value=b"v%d" % (seq + i), headers=[]
+        )
+    return bytes(b.build())
+
+
+def test_duplicate_batches_from_a_kafka_idempotent_builder(http: httpx.Client) -> None:
+    topic = create_topic(http, "idembin", partitions=1)
+    pid, epoch = session(http)
+    url = f"/v1/topics/{topic}/partitions/0/records"
+    first = kafka_idempotent_batch(pid, epoch, 0, 4)
+    second = kafka_idempotent_batch(pid, epoch, 4, 2)
+    assert offsets(http.post(url, content=first, headers={"content-type": BATCH})) == [0]
+    assert offsets(http.post(url, content=second, headers={"content-type": BATCH})) == [4]
+    again = http.post(url, content=first, headers={"content-type": BATCH})
+    assert offsets(again) == [0] and again.headers["logbus-duplicate"] == "true"
+    gap = kafka_idempotent_batch(pid, epoch, 10, 1)
+    assert_problem(
+        http.post(url, content=gap, headers={"content-type": BATCH}),
+        409,
+        "OUT_OF_ORDER_SEQUENCE_NUMBER",
+    )
+    assert end_offsets(http, topic) == [6]
+
+
+def test_retry_after_a_lost_response(http: httpx.Client, shared_broker: object) -> None:
+    """The first attempt is sent and its connection dropped before the answer is read."""
+    topic = create_topic(http, "idemlost", partitions=1)
+    pid, epoch = session(http)
+    body = b'{"records":[{"value":"once"}]}'
+    head = (
+        f"POST /v1/topics/{topic}/partitions/0/records HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"Logbus-Producer-Id: {pid}\r\nLogbus-Producer-Epoch: {epoch}\r\nLogbus-Sequence: 0\r\n\r\n"
+    ).encode()
+    url = httpx.URL(str(http.base_url))
+    with socket.create_connection((url.host, url.port), timeout=10) as s:
+        s.sendall(head + body)
+        s.recv(1)  # the broker has answered: the append happened; drop the rest of the answer
+    retry = produce(http, topic, pid, epoch, 0, ["once"])
+    assert offsets(retry) == [0] and retry.headers["logbus-duplicate"] == "true"
+    assert values(http, topic) == ["once"]
+
+
+def test_retry_after_a_crash_and_restart(tmp_path: Path) -> None:
+    broker = start_broker(tmp_path / "data")
+    try:
+        with make_client(broker) as http:
+            topic = create_topic(http, "idemcrash", partitions=1)
+            pid, epoch = session(http)
+            for seq in range(0, 30, 3):
+                assert offsets(produce(http, topic, pid, epoch, seq, [seq, seq + 1, seq + 2]))
+        broker.kill()  # no clean shutdown: state comes from a snapshot + replay of the log
+        broker.start()
+        with make_client(broker) as http:
+            retry = produce(http, topic, pid, epoch, 27, [27, 28, 29])
+            assert offsets(retry) == [27, 28, 29] and retry.headers["logbus-duplicate"] == "true"
+            assert_problem(
+                produce(http, topic, pid, epoch, 31, [31]), 409, "OUT_OF_ORDER_SEQUENCE_NUMBER"
+            )
+            assert offsets(produce(http, topic, pid, epoch, 30, [30])) == [30]
+            assert values(http, topic) == list(range(31))
+    finally:
+        broker.stop()
+
+
+def test_fencing_survives_a_restart(tmp_path: Path) -> None:
+    broker = start_broker(tmp_path / "data")
+    try:
+        with make_client(broker) as http:
+            topic = create_topic(http, "idemfence", partitions=1)
+            pid, old = session(http, "svc")
+            assert offsets(produce(http, topic, pid, old, 0, ["old"])) == [0]
+            _, new = session(http, "svc")
+        broker.kill()
+        broker.start()
+        with make_client(broker) as http:
+            zombie = produce(http, topic, pid, old, 1, ["zombie"])
+            assert_problem(zombie, 409, "INVALID_PRODUCER_EPOCH")
+            assert offsets(produce(http, topic, pid, new, 0, ["new"])) == [1]
+            assert values(http, topic) == ["old", "new"]
+    finally:
+        broker.stop()
