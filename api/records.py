@@ -17,6 +17,8 @@ JSON, NDJSON or raw batches. Every answer carries the next offset and the high w
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,14 +26,18 @@ from typing import Any
 import orjson
 
 from cluster.broker import Acks, Broker
+from cluster.partitioner import partition_for_key
 from core_log.batch import (
     HEADER_BYTES,
     Record,
     build_batch,
     decode_records,
     scan_batches,
+    split_batches,
+    with_producer,
 )
 from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
+from core_log.log import AppendResult
 
 from .problems import bad_request, payload_too_large, unsupported_media_type
 from .records_codec import (
@@ -104,6 +110,10 @@ async def produce(
     meta = broker.topic(topic)  # 404 before reading the body
     if partition is not None:
         broker.partition(topic, partition)
+    if (key := headers.get("idempotency-key")) is not None:
+        if producer is not None:
+            raise bad_request("send either an Idempotency-Key or a producer session, not both")
+        return await _produce_with_key(broker, settings, topic, partition, acks, kind, key, body)
     if kind == BATCH:
         if producer is not None:
             raise bad_request("binary batches carry their producer id, epoch and sequence")
@@ -119,6 +129,103 @@ async def produce(
     if producer is not None:
         return await _produce_idempotent(broker, topic, partition, acks, parsed, producer)
     return await _produce_parsed(broker, topic, partition, acks, parsed, meta.partitions)
+
+
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+async def _produce_with_key(
+    broker: Broker,
+    settings: Settings,
+    topic: str,
+    partition: int | None,
+    acks: Acks,
+    kind: str,
+    key: str,
+    body: Body,
+) -> Reply:
+    """Produce once per Idempotency-Key, for clients that never manage sequences.
+
+    The key claims a producer id in the metadata store (committed with a digest of the request
+    before anything is appended); the records go out as that producer's batches, sequence 0,
+    one per partition, keyless records placed by a hash of the key. A retry finds the same id
+    and partitions, so every partition answers it as a duplicate with the original offsets; if
+    the first attempt died before appending, the retry appends — exactly once either way.
+    """
+    if not _IDEMPOTENCY_KEY.fullmatch(key):
+        raise bad_request("Idempotency-Key must be 1..255 visible ASCII characters")
+    if kind not in PRODUCE_TYPES:
+        raise unsupported_media_type(kind, PRODUCE_TYPES)
+    raw = await read_body(body, settings.max_request_bytes)
+    digest = hashlib.sha256(
+        b"\0".join([topic.encode(), str(partition).encode(), kind.encode(), raw])
+    ).hexdigest()
+    if kind == BATCH:
+        if partition is None:
+            raise bad_request("binary batches need a partition path")
+        batches = split_batches(raw, strict=True)
+        if len(batches) != 1 or batches[0].producer_id >= 0:
+            raise bad_request("with an Idempotency-Key, send one batch without a producer id")
+        pid = await broker.idempotency_session(key, digest)
+        result = await broker.append(topic, partition, with_producer(raw, pid, 0, 0), acks)
+        reply = _produce_reply(
+            acks, [{"partition": partition, "offset": result.base_offset}], result.records, len(raw)
+        )
+        return _mark_duplicate(reply, [result])
+    now = broker.clock.now_ms()
+    if kind == JSON:
+        parsed = parse_json_body(raw, settings.max_records_per_request, now)
+    else:
+        parsed = parse_ndjson_lines(raw.split(b"\n"), 1, now)
+        if not parsed:
+            raise bad_request("no records in the request")
+        if len(parsed) > settings.max_records_per_request:
+            raise too_many_records(settings.max_records_per_request)
+    pid = await broker.idempotency_session(key, digest)
+    sticky = partition_for_key(key.encode(), broker.topic(topic).partitions)
+    groups, placement = _route(broker, topic, partition, parsed, sticky)
+    max_message_bytes = broker.log_config(topic).max_message_bytes
+    payloads = {
+        p: _one_batch(rs, max_message_bytes, producer_id=pid, producer_epoch=0, base_sequence=0)
+        for p, rs in groups.items()
+    }
+    results = await asyncio.gather(
+        *(broker.append(topic, p, data, acks) for p, data in payloads.items())
+    )
+    base = {p: r.base_offset for p, r in zip(payloads, results, strict=True)}
+    offsets = [{"partition": p, "offset": base[p] + j} for p, j in placement]
+    reply = _produce_reply(acks, offsets, len(parsed), sum(map(len, payloads.values())))
+    return _mark_duplicate(reply, results)
+
+
+def _mark_duplicate(reply: Reply, results: list[AppendResult]) -> Reply:
+    if results and all(r.duplicate for r in results):
+        reply.headers["Logbus-Duplicate"] = "true"
+    return reply
+
+
+def _one_batch(
+    records: list[Record],
+    max_message_bytes: int,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+) -> bytes:
+    """All ``records`` in one batch (an idempotent request is one batch per partition)."""
+    data = build_batch(
+        records,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+    )
+    if len(data) > max_message_bytes:
+        raise RecordTooLargeError(
+            f"an idempotent request is one batch per partition: {len(data)} bytes is over the "
+            f"topic's max.message.bytes {max_message_bytes}",
+            max_message_bytes=max_message_bytes,
+        )
+    return data
 
 
 @dataclass(frozen=True)
@@ -169,27 +276,18 @@ async def _produce_idempotent(
         if explicit not in (None, partition):
             raise bad_request(f"records[{i}].partition differs from the path's partition")
     records = [r for _, r in parsed]
-    data = build_batch(
+    data = _one_batch(
         records,
+        broker.log_config(topic).max_message_bytes,
         producer_id=producer.producer_id,
         producer_epoch=producer.producer_epoch,
         base_sequence=producer.base_sequence,
     )
-    max_message_bytes = broker.log_config(topic).max_message_bytes
-    if len(data) > max_message_bytes:
-        raise RecordTooLargeError(
-            f"an idempotent request is one batch: {len(data)} bytes is over the topic's "
-            f"max.message.bytes {max_message_bytes}",
-            max_message_bytes=max_message_bytes,
-        )
     result = await broker.append(topic, partition, data, acks)
     offsets = [
         {"partition": partition, "offset": result.base_offset + i} for i in range(len(records))
     ]
-    reply = _produce_reply(acks, offsets, len(records), len(data))
-    if result.duplicate:
-        reply.headers["Logbus-Duplicate"] = "true"
-    return reply
+    return _mark_duplicate(_produce_reply(acks, offsets, len(records), len(data)), [result])
 
 
 async def _produce_binary(
@@ -205,10 +303,7 @@ async def _produce_binary(
         raise bad_request("empty body")
     result = await broker.append(topic, partition, data, acks)
     offsets = [{"partition": partition, "offset": result.base_offset}]
-    reply = _produce_reply(acks, offsets, result.records, len(data))
-    if result.duplicate:
-        reply.headers["Logbus-Duplicate"] = "true"
-    return reply
+    return _mark_duplicate(_produce_reply(acks, offsets, result.records, len(data)), [result])
 
 
 async def _produce_parsed(
@@ -221,8 +316,28 @@ async def _produce_parsed(
 ) -> Reply:
     """Route records to partitions, build every batch, then append (one call per partition)."""
     sticky = broker.sticky.next_partition(partition_count)
+    groups, placement = _route(broker, topic, partition, parsed, sticky)
+    max_message_bytes = broker.log_config(topic).max_message_bytes
+    payloads = {p: _build_batches(rs, max_message_bytes) for p, rs in groups.items()}
+    results = await asyncio.gather(
+        *(broker.append(topic, p, data, acks) for p, data in payloads.items())
+    )
+    base = {p: r.base_offset for p, r in zip(payloads, results, strict=True)}
+    offsets = [{"partition": p, "offset": base[p] + j} for p, j in placement]
+    return _produce_reply(acks, offsets, len(parsed), sum(map(len, payloads.values())))
+
+
+def _route(
+    broker: Broker,
+    topic: str,
+    partition: int | None,
+    parsed: list[tuple[int | None, Record]],
+    sticky: int,
+) -> tuple[dict[int, list[Record]], list[tuple[int, int]]]:
+    """Records grouped by partition (path, explicit, key hash, or ``sticky`` for keyless),
+    and each record's (partition, index in its group) in request order."""
     groups: dict[int, list[Record]] = {}
-    placement: list[tuple[int, int]] = []  # (partition, index within its group), request order
+    placement: list[tuple[int, int]] = []
     for i, (explicit, record) in enumerate(parsed):
         if partition is not None:
             if explicit not in (None, partition):
@@ -236,14 +351,7 @@ async def _produce_parsed(
         group = groups.setdefault(p, [])
         placement.append((p, len(group)))
         group.append(record)
-    max_message_bytes = broker.log_config(topic).max_message_bytes
-    payloads = {p: _build_batches(rs, max_message_bytes) for p, rs in groups.items()}
-    results = await asyncio.gather(
-        *(broker.append(topic, p, data, acks) for p, data in payloads.items())
-    )
-    base = {p: r.base_offset for p, r in zip(payloads, results, strict=True)}
-    offsets = [{"partition": p, "offset": base[p] + j} for p, j in placement]
-    return _produce_reply(acks, offsets, len(parsed), sum(map(len, payloads.values())))
+    return groups, placement
 
 
 def _produce_reply(acks: Acks, offsets: list[dict[str, int]], count: int, size: int) -> Reply:

@@ -74,6 +74,9 @@ class BrokerConfig:
     metadata_url: str | None = None  # default: SQLite in the data directory
     max_open_handles: int = 1024
     retention_check_interval_ms: int = 300_000
+    # Idempotency-Key window; producer state per partition keeps the same horizon (Kafka's
+    # producer.id.expiration.ms default) and at most 10,000 producers (core_log.producer_state).
+    idempotency_window_ms: int = 86_400_000
 
 
 class Broker:
@@ -255,6 +258,23 @@ class Broker:
         if transactional_id is not None:
             self._producer_epochs[pid] = epoch
         return pid, epoch
+
+    async def idempotency_session(self, key: str, digest: str) -> int:
+        """The producer id that stands for ``key`` (see api.records); 422 if the key was used
+        with another request."""
+        pid, stored = await asyncio.to_thread(
+            self.store.claim_idempotency_key,
+            key,
+            digest,
+            self.clock.now_ms(),
+            self.config.idempotency_window_ms,
+        )
+        if stored != digest:
+            raise LogbusError(
+                "this Idempotency-Key was used with a different request",
+                code=ErrorCode.IDEMPOTENCY_KEY_REUSED,
+            )
+        return pid
 
     # -- records ---------------------------------------------------------------------------------
 

@@ -76,6 +76,15 @@ producer_names_table = sa.Table(
     sa.Column("producer_epoch", sa.Integer, nullable=False),
 )
 
+idempotency_keys_table = sa.Table(
+    "idempotency_keys",
+    metadata_obj,
+    sa.Column("key", sa.String(255), primary_key=True),
+    sa.Column("digest", sa.String(64), nullable=False),
+    sa.Column("producer_id", sa.BigInteger, nullable=False),
+    sa.Column("created_ms", sa.BigInteger, nullable=False, index=True),
+)
+
 PRODUCER_ID_COUNTER = "next_producer_id"
 MAX_PRODUCER_EPOCH = 2**15 - 1  # int16 in the batch header; Kafka takes a new id past it
 
@@ -267,6 +276,31 @@ class MetadataStore:
                 if not updated:
                     c.execute(producer_names_table.insert().values(name=name, **values))
             return pid, epoch
+
+    def claim_idempotency_key(
+        self, key: str, digest: str, now_ms: int, window_ms: int
+    ) -> tuple[int, str]:
+        """(producer id, digest) recorded for ``key``: a fresh id and ``digest`` for a new key
+        (committed before the caller appends anything), the stored pair for a known one.
+        Keys older than the window are forgotten first."""
+        with self.engine.begin() as c:
+            c.execute(
+                idempotency_keys_table.delete().where(
+                    idempotency_keys_table.c.created_ms < now_ms - window_ms
+                )
+            )
+            row = c.execute(
+                sa.select(idempotency_keys_table).where(idempotency_keys_table.c.key == key)
+            ).first()
+            if row is not None:
+                return int(row.producer_id), str(row.digest)
+            pid = self._next_producer_id(c)
+            c.execute(
+                idempotency_keys_table.insert().values(
+                    key=key, digest=digest, producer_id=pid, created_ms=now_ms
+                )
+            )
+            return pid, digest
 
     def producer_epochs(self) -> dict[int, int]:
         """Latest epoch of every named producer (the epochs that fence older sessions)."""

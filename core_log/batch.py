@@ -670,3 +670,25 @@ def restamp(buf: bytes | memoryview, timestamp: int, pos: int = 0) -> bytes:
         base_sequence=h.base_sequence,
         record_count=h.record_count,
     )
+
+
+def with_producer(
+    buf: bytes | memoryview, producer_id: int, producer_epoch: int, base_sequence: int
+) -> bytes:
+    """The (non-idempotent) batch in ``buf`` stamped with producer fields and re-signed; the
+    records are not touched."""
+    h = parse_header(buf)
+    body = bytes(memoryview(buf)[RECORDS_OFFSET : h.size_bytes])
+    return assemble_batch(
+        body,
+        base_offset=h.base_offset,
+        partition_leader_epoch=h.partition_leader_epoch,
+        attributes=h.attributes,
+        last_offset_delta=h.last_offset_delta,
+        base_timestamp=h.base_timestamp,
+        max_timestamp=h.max_timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        record_count=h.record_count,
+    )

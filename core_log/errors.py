@@ -76,6 +76,7 @@ class ErrorCode(enum.Enum):
     CONCURRENT_UPDATE = (-1005, True, 409)
     REQUEST_TIMEOUT = (-1006, True, 408)
     NOT_ACCEPTABLE = (-1007, False, 406)
+    IDEMPOTENCY_KEY_REUSED = (-1008, False, 422)
 
     def __init__(self, kafka_code: int, retriable: bool, http_status: int) -> None:
         self.kafka_code = kafka_code

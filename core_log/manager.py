@@ -48,6 +48,7 @@ from .limits import (
     OFF_LOOP_IO_BYTES,
 )
 from .log import AppendResult, PartitionLog, ReadResult, RetentionResult
+from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
 log = logging.getLogger("logbus.storage")
 
@@ -196,6 +197,7 @@ class LogManager:
         flush_check_interval_ms: int = 50,
         retention_check_interval_ms: int = 300_000,
         checkpoint_interval_ms: int = 60_000,
+        producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
         cleaner_max_keys: int = DEFAULT_MAX_KEYS,
         cleaner_io_bytes_per_s: float | None = None,
     ) -> None:
@@ -207,6 +209,7 @@ class LogManager:
         self.flush_check_interval_ms = flush_check_interval_ms
         self.retention_check_interval_ms = retention_check_interval_ms
         self.checkpoint_interval_ms = checkpoint_interval_ms
+        self.producer_id_expiration_ms = producer_id_expiration_ms
         self.cleaner_max_keys = cleaner_max_keys
         self.cleaner_io_bytes_per_s = cleaner_io_bytes_per_s
         self._partitions: dict[tuple[str, int], Partition] = {}
@@ -366,11 +369,12 @@ class LogManager:
                 log.exception("retention/checkpoint pass failed; retrying next interval")
 
     async def run_retention(self) -> list[RetentionResult]:
-        """One retention and ``segment.ms`` pass over every partition."""
+        """One retention, ``segment.ms`` and producer-expiry pass over every partition."""
         results = []
         for p in list(self._partitions.values()):
             await asyncio.to_thread(p.log.roll_if_expired)
             results.append(await asyncio.to_thread(p.log.apply_retention))
+            p.log.expire_producers(self.producer_id_expiration_ms)
         return results
 
     async def run_cleaner(self) -> list[CleanResult]:

@@ -21,6 +21,7 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         "RECORD_LIST_TOO_LARGE)",
         415: "Unsupported content type (UNSUPPORTED_MEDIA_TYPE)",
         416: "Offset out of range (OFFSET_OUT_OF_RANGE), with the valid range",
+        422: "Idempotency-Key already used with another request (IDEMPOTENCY_KEY_REUSED)",
         503: "Storage or broker unavailable (KAFKA_STORAGE_ERROR), retriable",
     }
     return {

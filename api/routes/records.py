@@ -94,6 +94,15 @@ _FETCH_CONTENT: dict[int | str, dict[str, Any]] = {
     }
 }
 
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="retry-safe produce: a repeat within the window (24 h) answers with the "
+        "original offsets and appends nothing; the same key with another body is 422",
+    ),
+]
+
 Acks = Annotated[
     str | None,
     Query(description="0: no wait; 1: written to the log; all (default): durable (fsync)"),
@@ -129,11 +138,15 @@ async def _serve(
     "/{topic}/records",
     summary="Produce records (partition by key hash, explicit, or sticky)",
     openapi_extra=_PRODUCE_BODY,
-    responses={200: {"model": ProduceResponse}, **errors(400, 404, 413, 415)},
+    responses={200: {"model": ProduceResponse}, **errors(400, 404, 409, 413, 415, 422)},
     response_model=None,
 )
 async def produce_records(
-    topic: str, request: Request, state: StateDep, acks: Acks = None
+    topic: str,
+    request: Request,
+    state: StateDep,
+    acks: Acks = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     return await _produce(state, request, topic, None)
 
@@ -142,7 +155,7 @@ async def produce_records(
     "/{topic}/partitions/{partition}/records",
     summary="Produce records or binary batches to one partition (idempotent with a session)",
     openapi_extra=_PRODUCE_BODY,
-    responses={200: {"model": ProduceResponse}, **errors(400, 404, 409, 413, 415)},
+    responses={200: {"model": ProduceResponse}, **errors(400, 404, 409, 413, 415, 422)},
     response_model=None,
 )
 async def produce_partition_records(
@@ -151,6 +164,7 @@ async def produce_partition_records(
     request: Request,
     state: StateDep,
     acks: Acks = None,
+    idempotency_key: IdempotencyKey = None,
     producer_id: Annotated[
         str | None,
         Header(

@@ -169,3 +169,71 @@ def test_fencing_survives_a_restart(tmp_path: Path) -> None:
             assert values(http, topic) == ["old", "new"]
     finally:
         broker.stop()
+
+
+# -- Idempotency-Key -----------------------------------------------------------------------------
+
+
+def keyed(http: httpx.Client, url: str, key: str, **kwargs: object) -> httpx.Response:
+    headers = {"Idempotency-Key": key, **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+    return http.post(url, headers=headers, **kwargs)  # type: ignore[arg-type]
+
+
+def test_idempotency_key_retries_answer_the_original_offsets(http: httpx.Client) -> None:
+    topic = create_topic(http, "idemkey", partitions=3)
+    body = {"records": [{"key": f"k{i}", "value": i} for i in range(12)] + [{"value": "nokey"}]}
+    first = keyed(http, f"/v1/topics/{topic}/records", "order-42", json=body)
+    assert first.status_code == 200, first.text
+    ends = end_offsets(http, topic)
+    for _ in range(3):
+        again = keyed(http, f"/v1/topics/{topic}/records", "order-42", json=body)
+        assert again.json() == first.json() and again.headers["logbus-duplicate"] == "true"
+    assert end_offsets(http, topic) == ends and sum(ends) == 13
+    other = keyed(http, f"/v1/topics/{topic}/records", "order-43", json=body)
+    assert other.status_code == 200 and sum(end_offsets(http, topic)) == 26
+
+
+def test_idempotency_key_with_another_body_is_422(http: httpx.Client) -> None:
+    topic = create_topic(http, "idemkey422", partitions=1)
+    url = f"/v1/topics/{topic}/records"
+    assert keyed(http, url, "k-1", json={"records": [{"value": 1}]}).status_code == 200
+    r = keyed(http, url, "k-1", json={"records": [{"value": 2}]})
+    assert_problem(r, 422, "IDEMPOTENCY_KEY_REUSED")
+    assert end_offsets(http, topic) == [1]
+    assert_problem(
+        keyed(http, url, "bad key", json={"records": [{"value": 1}]}), 400, "INVALID_REQUEST"
+    )
+
+
+def test_idempotency_key_with_ndjson_and_binary(http: httpx.Client) -> None:
+    topic = create_topic(http, "idemkeyfmt", partitions=1)
+    url = f"/v1/topics/{topic}/partitions/0/records"
+    nd = {
+        "content": b'{"value":1}\n{"value":2}\n',
+        "headers": {"content-type": "application/x-ndjson"},
+    }
+    assert offsets(keyed(http, url, "nd-1", **nd)) == [0, 1]
+    assert keyed(http, url, "nd-1", **nd).headers["logbus-duplicate"] == "true"
+    batch = kafka_idempotent_batch(-1, -1, -1, 3)
+    bin_ = {"content": batch, "headers": {"content-type": BATCH}}
+    assert offsets(keyed(http, url, "bin-1", **bin_)) == [2]
+    again = keyed(http, url, "bin-1", **bin_)
+    assert offsets(again) == [2] and again.headers["logbus-duplicate"] == "true"
+    assert end_offsets(http, topic) == [5]
+
+
+def test_idempotency_key_survives_a_crash(tmp_path: Path) -> None:
+    broker = start_broker(tmp_path / "data")
+    try:
+        with make_client(broker) as http:
+            topic = create_topic(http, "idemkeycrash", partitions=2)
+            body = {"records": [{"value": i} for i in range(5)]}
+            first = keyed(http, f"/v1/topics/{topic}/records", "pay-7", json=body).json()
+        broker.kill()
+        broker.start()
+        with make_client(broker) as http:
+            again = keyed(http, f"/v1/topics/{topic}/records", "pay-7", json=body)
+            assert again.json() == first and again.headers["logbus-duplicate"] == "true"
+            assert sum(end_offsets(http, topic)) == 5
+    finally:
+        broker.stop()
