@@ -41,6 +41,7 @@ def broker_config(settings: Settings) -> BrokerConfig:
         metadata_url=settings.metadata_url,
         max_open_handles=settings.max_open_handles,
         retention_check_interval_ms=settings.retention_check_interval_ms,
+        idempotency_window_ms=settings.idempotency_window_ms,
     )
 
 

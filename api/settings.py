@@ -29,6 +29,7 @@ class Settings(BaseSettings):
     max_wait_ms: int = 60_000
     max_open_handles: int = 1024
     retention_check_interval_ms: int = 300_000
+    idempotency_window_ms: int = 86_400_000  # how long an Idempotency-Key is remembered
 
     fast_path: bool = True  # serve produce/fetch from the lean ASGI route
 

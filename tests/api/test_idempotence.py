@@ -4,6 +4,7 @@ original offsets; gaps are 409 OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch is f
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -235,5 +236,21 @@ def test_idempotency_key_survives_a_crash(tmp_path: Path) -> None:
             again = keyed(http, f"/v1/topics/{topic}/records", "pay-7", json=body)
             assert again.json() == first and again.headers["logbus-duplicate"] == "true"
             assert sum(end_offsets(http, topic)) == 5
+    finally:
+        broker.stop()
+
+
+def test_idempotency_key_is_forgotten_after_its_window(tmp_path: Path) -> None:
+    broker = start_broker(tmp_path / "data", env={"LOGBUS_IDEMPOTENCY_WINDOW_MS": "300"})
+    try:
+        with make_client(broker) as http:
+            topic = create_topic(http, "idemwindow", partitions=1)
+            url = f"/v1/topics/{topic}/records"
+            body = {"records": [{"value": "x"}]}
+            assert offsets(keyed(http, url, "w-1", json=body)) == [0]
+            assert keyed(http, url, "w-1", json=body).headers.get("logbus-duplicate") == "true"
+            time.sleep(0.6)
+            late = keyed(http, url, "w-1", json=body)
+            assert offsets(late) == [1] and "logbus-duplicate" not in late.headers
     finally:
         broker.stop()
