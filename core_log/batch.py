@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import crc32c as _crc32c
 
@@ -592,11 +592,16 @@ def recompress(buf: bytes | memoryview, codec: Compression, pos: int = 0) -> byt
     if h.compression is codec:
         return bytes(memoryview(buf)[pos : pos + h.size_bytes])
     body = compress(codec, records_section(buf, h, pos))
+    return resign(replace(h, attributes=(h.attributes & ~COMPRESSION_MASK) | int(codec)), body)
+
+
+def resign(h: BatchHeader, body: bytes) -> bytes:
+    """A batch with header ``h`` (its CRC and length recomputed) over records section ``body``."""
     return assemble_batch(
         body,
         base_offset=h.base_offset,
         partition_leader_epoch=h.partition_leader_epoch,
-        attributes=(h.attributes & ~COMPRESSION_MASK) | int(codec),
+        attributes=h.attributes,
         last_offset_delta=h.last_offset_delta,
         base_timestamp=h.base_timestamp,
         max_timestamp=h.max_timestamp,
@@ -633,19 +638,14 @@ def rebuild_batch(
         max_ts = max(r.timestamp for r in records)
     deltas = [r.offset - h.base_offset for r in records]
     body = compress(h.compression, encode_records(records, base_ts, deltas))
-    return assemble_batch(
-        body,
-        base_offset=h.base_offset,
-        partition_leader_epoch=h.partition_leader_epoch,
+    kept = replace(
+        h,
         attributes=attributes,
-        last_offset_delta=h.last_offset_delta,
         base_timestamp=base_ts,
         max_timestamp=max_ts,
-        producer_id=h.producer_id,
-        producer_epoch=h.producer_epoch,
-        base_sequence=h.base_sequence,
         record_count=len(records),
     )
+    return resign(kept, body)
 
 
 def delete_horizon_of(h: BatchHeader) -> int | None:
@@ -657,19 +657,8 @@ def restamp(buf: bytes | memoryview, timestamp: int, pos: int = 0) -> bytes:
     """The batch at ``pos`` marked LogAppendTime with ``timestamp``; records are not touched."""
     h = parse_header(buf, pos)
     body = bytes(memoryview(buf)[pos + RECORDS_OFFSET : pos + h.size_bytes])
-    return assemble_batch(
-        body,
-        base_offset=h.base_offset,
-        partition_leader_epoch=h.partition_leader_epoch,
-        attributes=h.attributes | TIMESTAMP_TYPE_MASK,
-        last_offset_delta=h.last_offset_delta,
-        base_timestamp=h.base_timestamp,
-        max_timestamp=timestamp,
-        producer_id=h.producer_id,
-        producer_epoch=h.producer_epoch,
-        base_sequence=h.base_sequence,
-        record_count=h.record_count,
-    )
+    stamped = replace(h, attributes=h.attributes | TIMESTAMP_TYPE_MASK, max_timestamp=timestamp)
+    return resign(stamped, body)
 
 
 def with_producer(
@@ -679,16 +668,7 @@ def with_producer(
     records are not touched."""
     h = parse_header(buf)
     body = bytes(memoryview(buf)[RECORDS_OFFSET : h.size_bytes])
-    return assemble_batch(
-        body,
-        base_offset=h.base_offset,
-        partition_leader_epoch=h.partition_leader_epoch,
-        attributes=h.attributes,
-        last_offset_delta=h.last_offset_delta,
-        base_timestamp=h.base_timestamp,
-        max_timestamp=h.max_timestamp,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        record_count=h.record_count,
+    producer = replace(
+        h, producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence
     )
+    return resign(producer, body)
