@@ -124,7 +124,53 @@ static PyObject *scan_records(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* scan_keys(data, count) -> list[(key: bytes | None, offset_delta: int, tombstone: bool)]
+ * for a records section already validated (by the log); raises ValueError if it is not. */
+static PyObject *scan_keys(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &count)) return NULL;
+    const uint8_t *p = (const uint8_t *)buf.buf;
+    Py_ssize_t n = buf.len;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) goto error;
+    Cursor all = {p, 0, n};
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t length, ts_delta, off_delta, klen, vlen;
+        if (!read_varint(&all, &length) || length < 1 || length > n - all.pos) goto bad;
+        Cursor c = {p, all.pos, all.pos + (Py_ssize_t)length};
+        c.pos++;
+        if (!read_varint(&c, &ts_delta) || !read_varint(&c, &off_delta)) goto bad;
+        if (!read_varint(&c, &klen) || klen < -1 || klen > c.end - c.pos) goto bad;
+        PyObject *key;
+        if (klen < 0) {
+            key = Py_NewRef(Py_None);
+        } else {
+            key = PyBytes_FromStringAndSize((const char *)p + c.pos, (Py_ssize_t)klen);
+            if (key == NULL) goto error;
+            c.pos += (Py_ssize_t)klen;
+        }
+        if (!read_varint(&c, &vlen)) { Py_DECREF(key); goto bad; }
+        PyObject *item = Py_BuildValue("(NLO)", key, (long long)off_delta, vlen < 0 ? Py_True : Py_False);
+        if (item == NULL) goto error;
+        int rc = PyList_Append(out, item);
+        Py_DECREF(item);
+        if (rc < 0) goto error;
+        all.pos = c.end;
+    }
+    PyBuffer_Release(&buf);
+    return out;
+bad:
+    PyErr_SetString(PyExc_ValueError, "records section is not valid");
+error:
+    Py_XDECREF(out);
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"scan_keys", scan_keys, METH_VARARGS,
+     "scan_keys(data, count): [(key, offset_delta, tombstone)] of a validated records section"},
     {"scan_records", scan_records, METH_VARARGS,
      "scan_records(data, count, max_headers): validate a records section or raise ValueError"},
     {NULL, NULL, 0, NULL},

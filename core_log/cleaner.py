@@ -56,14 +56,16 @@ from .batch import (
     HEADER_BYTES,
     PREFIX_BYTES,
     BatchHeader,
-    decode_records,
+    decode_records_of,
     delete_horizon_of,
     parse_header,
     rebuild_batch,
+    records_section,
 )
 from .checkpoint import fsync_dir, read_json, write_json
 from .config import LONG_MAX
 from .handles import RetiredHandleError
+from .recordscan import record_keys
 from .segment import LogSegment
 
 if TYPE_CHECKING:
@@ -215,12 +217,13 @@ def _build_map(
             if h.next_offset <= first_dirty:
                 continue
             if not h.is_control:
-                for r in decode_records(raw):
-                    if r.offset < first_dirty or r.key is None:
+                for key, delta, _ in record_keys(records_section(raw, h), h.record_count):
+                    offset = h.base_offset + delta
+                    if offset < first_dirty or key is None:
                         continue
-                    if r.key not in offset_map and len(offset_map) >= max_keys:
-                        return offset_map, max(clean_point, r.offset)
-                    offset_map[r.key] = r.offset
+                    if key not in offset_map and len(offset_map) >= max_keys:
+                        return offset_map, max(clean_point, offset)
+                    offset_map[key] = offset
             clean_point = h.next_offset
         clean_point = max(clean_point, segment.next_offset)
     return offset_map, clean_point
@@ -296,26 +299,36 @@ def _clean(
                     h.producer_id >= 0 and last_batch_of.get(h.producer_id) == h.base_offset
                 )
                 if not (h.is_control or h.is_transactional):
-                    records = decode_records(raw)
+                    # Decide from keys alone (C scan, no Record objects); decode the batch in
+                    # full only when it is rewritten.
+                    section = records_section(raw, h)
+                    keys = record_keys(section, h.record_count)
                     horizon = delete_horizon_of(h)
-                    kept = [
-                        rec
-                        for rec in records
-                        if rec.offset >= clean_point
-                        or rec.key is None
+                    expired = horizon is not None and now >= horizon
+                    keep = [
+                        h.base_offset + delta >= clean_point
+                        or key is None
                         or (
-                            offset_map.get(rec.key, -1) <= rec.offset
-                            and not (rec.value is None and horizon is not None and now >= horizon)
+                            offset_map.get(key, -1) <= h.base_offset + delta
+                            and not (tombstone and expired)
                         )
+                        for key, delta, tombstone in keys
                     ]
-                    removed_records += len(records) - len(kept)
+                    kept_count = sum(keep)
+                    removed_records += len(keys) - kept_count
                     new_horizon = horizon
-                    if any(rec.value is None and rec.key is not None for rec in kept):
+                    if any(
+                        k and key is not None and tombstone
+                        for k, (key, _, tombstone) in zip(keep, keys, strict=True)
+                    ):
                         if new_horizon is None:
                             new_horizon = horizon_for_new
                         next_horizon = min(next_horizon, new_horizon)
-                    emptied = not kept and not producer_last  # e.g. an old empty batch
-                    if len(kept) != len(records) or new_horizon != horizon or emptied:
+                    emptied = not kept_count and not producer_last  # e.g. an old empty batch
+                    if kept_count != len(keys) or new_horizon != horizon or emptied:
+                        kept = [
+                            r for r, k in zip(decode_records_of(h, section), keep, strict=True) if k
+                        ]
                         if new is None:
                             new = log.new_cleaned_segment(old.base_offset)
                             written.append(new)

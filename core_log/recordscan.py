@@ -81,14 +81,40 @@ def _scan_one(record: bytes, i: int, max_headers: int) -> None:
         raise ValueError(f"record {i}: record length does not match its fields")
 
 
+def scan_keys_py(data: bytes | memoryview, count: int) -> list[tuple[bytes | None, int, bool]]:
+    """The Python twin of ``_recordscan.scan_keys``: (key, offset delta, tombstone) per record."""
+    from .batch import BatchHeader, decode_records_of
+
+    h = BatchHeader(0, 0, 0, 2, 0, 0, max(count - 1, 0), 0, 0, -1, -1, -1, count)
+    try:
+        records = decode_records_of(h, bytes(data))
+    except CorruptRecordError as e:
+        raise ValueError(str(e)) from None
+    return [(r.key, r.offset, r.value is None) for r in records]
+
+
+_KeyScanner = Callable[[bytes | memoryview, int], list[tuple[bytes | None, int, bool]]]
+
 try:
-    from ._recordscan import scan_records as _native_scan  # type: ignore[import-not-found]
+    from ._recordscan import scan_keys as _native_keys  # type: ignore[import-not-found]
+    from ._recordscan import scan_records as _native_scan
 
     NATIVE = True
     _scan: _Scanner = _native_scan
+    _keys: _KeyScanner = _native_keys
 except ImportError:  # no compiler at install time
     NATIVE = False
     _scan = scan_records_py
+    _keys = scan_keys_py
+
+
+def record_keys(data: bytes | memoryview, count: int) -> list[tuple[bytes | None, int, bool]]:
+    """(key, offset delta, tombstone) of each record of a records section the log holds —
+    what compaction needs, without building a Record per record."""
+    try:
+        return _keys(data, count)
+    except ValueError as e:
+        raise CorruptRecordError(f"invalid records: {e}") from None
 
 
 def check_records(data: bytes | memoryview, count: int) -> None:

@@ -72,3 +72,17 @@ def test_both_give_the_same_verdict_on_damaged_sections(
 def test_check_records_raises_corrupt_record(body: bytes, count: int, why: str) -> None:
     with pytest.raises(CorruptRecordError, match=why):
         recordscan.check_records(body, count)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(records_st)
+def test_key_scan_agrees_with_its_python_twin(records: list[Record]) -> None:
+    body = build_batch(records)[RECORDS_OFFSET:]
+    native = recordscan._native_keys(body, len(records))
+    assert native == recordscan.scan_keys_py(body, len(records))
+    assert native == [(r.key, i, r.value is None) for i, r in enumerate(records)]
+
+
+def test_key_scan_rejects_a_damaged_section() -> None:
+    with pytest.raises(CorruptRecordError):
+        recordscan.record_keys(b"\x7f\x00", 1)
