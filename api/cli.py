@@ -7,8 +7,6 @@ from pathlib import Path
 
 from .settings import Settings
 
-DEFAULT_URL = "http://127.0.0.1:8080"
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="logbus", description="Logbus event streaming")

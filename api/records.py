@@ -167,20 +167,12 @@ async def _produce_with_key(
         if len(batches) != 1 or batches[0].producer_id >= 0:
             raise bad_request("with an Idempotency-Key, send one batch without a producer id")
         pid = await broker.idempotency_session(key, digest)
-        result = await broker.append(topic, partition, with_producer(raw, pid, 0, 0), acks)
-        reply = _produce_reply(
-            acks, [{"partition": partition, "offset": result.base_offset}], result.records, len(raw)
-        )
-        return _mark_duplicate(reply, [result])
+        return await _append_binary(broker, topic, partition, with_producer(raw, pid, 0, 0), acks)
     now = broker.clock.now_ms()
     if kind == JSON:
         parsed = parse_json_body(raw, settings.max_records_per_request, now)
     else:
-        parsed = parse_ndjson_lines(raw.split(b"\n"), 1, now)
-        if not parsed:
-            raise bad_request("no records in the request")
-        if len(parsed) > settings.max_records_per_request:
-            raise too_many_records(settings.max_records_per_request)
+        parsed = _counted(parse_ndjson_lines(raw.split(b"\n"), 1, now), settings)
     pid = await broker.idempotency_session(key, digest)
     sticky = partition_for_key(key.encode(), broker.topic(topic).partitions)
     groups, placement = _route(broker, topic, partition, parsed, sticky)
@@ -301,9 +293,26 @@ async def _produce_binary(
     data = await read_body(body, settings.max_request_bytes)
     if not data:
         raise bad_request("empty body")
+    return await _append_binary(broker, topic, partition, data, acks)
+
+
+async def _append_binary(
+    broker: Broker, topic: str, partition: int, data: bytes, acks: Acks
+) -> Reply:
     result = await broker.append(topic, partition, data, acks)
     offsets = [{"partition": partition, "offset": result.base_offset}]
     return _mark_duplicate(_produce_reply(acks, offsets, result.records, len(data)), [result])
+
+
+def _counted(
+    parsed: list[tuple[int | None, Record]], settings: Settings
+) -> list[tuple[int | None, Record]]:
+    """``parsed`` once it holds between 1 and ``max_records_per_request`` records."""
+    if len(parsed) > settings.max_records_per_request:
+        raise too_many_records(settings.max_records_per_request)
+    if not parsed:
+        raise bad_request("no records in the request")
+    return parsed
 
 
 async def _produce_parsed(
@@ -424,11 +433,7 @@ async def _parse_ndjson(
         if len(out) > settings.max_records_per_request:
             raise too_many_records(settings.max_records_per_request)
     out.extend(parse_ndjson_lines([pending], line_no, now))
-    if len(out) > settings.max_records_per_request:
-        raise too_many_records(settings.max_records_per_request)
-    if not out:
-        raise bad_request("no records in the request")
-    return out
+    return _counted(out, settings)
 
 
 # -- fetch -------------------------------------------------------------------------------------

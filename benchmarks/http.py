@@ -35,7 +35,7 @@ import httpx
 import orjson
 
 from api.process import BrokerProcess
-from core_log.batch import Record, build_batch
+from benchmarks.storage import batch_records, build_fitting_batch
 
 RECORD_BYTES = 100
 MIB = 1024 * 1024
@@ -177,15 +177,9 @@ def _wrk_percentile(out: str, label: str) -> float:
 
 
 def binary_batch(size_bytes: int = MIB) -> tuple[bytes, int]:
-    """The largest uncompressed batch of 100-byte records within ``size_bytes``."""
-    value = b"x" * RECORD_BYTES
-    per_record = (len(build_batch([Record(value, timestamp=0)] * 1001)) - 61) / 1001
-    n = int((size_bytes - 61) // per_record)
-    batch = build_batch([Record(value, timestamp=0)] * n)
-    while len(batch) > size_bytes:
-        n -= 1
-        batch = build_batch([Record(value, timestamp=0)] * n)
-    return batch, n
+    """The largest uncompressed batch of 100-byte records within ``size_bytes``; (batch, count)."""
+    batch = build_fitting_batch(size_bytes // RECORD_BYTES, limit=size_bytes)
+    return batch, batch_records(batch)
 
 
 def json_body(n: int) -> bytes:

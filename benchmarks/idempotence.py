@@ -29,40 +29,22 @@ import os
 import platform
 import shutil
 import statistics
-import struct
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import crc32c
 import httpx
 
 from api.process import BrokerProcess
 from benchmarks.http import binary_batch, json_body, run_wrk
-from core_log.batch import (
-    ATTRIBUTES_OFFSET,
-    PRODUCER_OFFSET,
-    build_batch,
-    decode_records,
-)
+from core_log.batch import build_batch, decode_records, with_producer
 
 MB = 1_000_000
 TARGET_RATIO = 0.90
 BATCH_TYPE = "application/vnd.logbus.batch"
 JSON_RECORDS = 1000
-_PRODUCER = struct.Struct(">qhi")  # producerId, producerEpoch, baseSequence
-_CRC = struct.Struct(">I")
-_CRC_AT = 17
-
-
-def with_producer_fields(template: bytes, pid: int, epoch: int, base_sequence: int) -> bytes:
-    """``template`` (one batch) with the producer fields set and its CRC recomputed."""
-    b = bytearray(template)
-    _PRODUCER.pack_into(b, PRODUCER_OFFSET, pid, epoch, base_sequence)
-    _CRC.pack_into(b, _CRC_AT, crc32c.crc32c(memoryview(b)[ATTRIBUTES_OFFSET:]))
-    return bytes(b)
 
 
 @dataclass
@@ -177,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
         # -- binary ---------------------------------------------------------------------------
         plain, n = binary_batch()
-        check = with_producer_fields(plain, 7, 3, 11)
+        check = with_producer(plain, 7, 3, 11)
         records = decode_records(plain)
         expected = build_batch(records, producer_id=7, producer_epoch=3, base_sequence=11)
         assert check == expected, "patched batch differs from build_batch"
@@ -194,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(args.rounds):
             bin_idem = [
                 [
-                    Request(with_producer_fields(plain, bin_pid, bin_epoch, seqs[p] + i * n), {})
+                    Request(with_producer(plain, bin_pid, bin_epoch, seqs[p] + i * n), {})
                     for i in range(per_part)
                 ]
                 for p in range(parts)

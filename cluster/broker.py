@@ -34,7 +34,7 @@ from core_log.errors import (
     LogbusError,
     UnknownTopicOrPartitionError,
 )
-from core_log.log import AppendResult, ReadResult
+from core_log.log import AppendResult
 from core_log.manager import LogManager, Partition, validate_topic_name
 
 from .metadata import BrokerMeta, MetadataStore, PartitionMeta, TopicMeta
@@ -316,9 +316,6 @@ class Broker:
                 received_epoch=h.producer_epoch,
             )
 
-    async def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> ReadResult:
-        return await self.partition(topic, partition).read(offset, max_bytes)
-
 
 def _check_partition_count(partitions: int) -> None:
     if not 1 <= partitions <= MAX_PARTITIONS_PER_TOPIC:
@@ -326,6 +323,3 @@ def _check_partition_count(partitions: int) -> None:
             f"partitions must be between 1 and {MAX_PARTITIONS_PER_TOPIC}",
             code=ErrorCode.INVALID_PARTITIONS,
         )
-
-
-__all__ = ["Acks", "Broker", "BrokerConfig", "InvalidConfigError"]

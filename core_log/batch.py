@@ -50,18 +50,11 @@ HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_BYTES = HEADER.size  # 61
 assert HEADER_BYTES == 61
 
-# Sub-structures for reading single fields without unpacking the whole header.
-BASE_AND_LENGTH = struct.Struct(">qi")  # at 0
 PREFIX = struct.Struct(">qii")  # baseOffset, batchLength, partitionLeaderEpoch: the patchable part
 PREFIX_BYTES = PREFIX.size  # 16
-LAST_OFFSET_DELTA = struct.Struct(">i")  # at 23
-MAX_TIMESTAMP = struct.Struct(">q")  # at 35
 LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes batchLength does not count
 CRC_START = 21
-MAGIC_OFFSET = 16
 ATTRIBUTES_OFFSET = 21
-LAST_OFFSET_DELTA_OFFSET = 23
-MAX_TIMESTAMP_OFFSET = 35
 PRODUCER_OFFSET = 43
 RECORDS_OFFSET = 61
 MAGIC = 2

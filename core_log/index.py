@@ -38,7 +38,6 @@ class _IndexFile:
         self.path = path
         self._entry_bytes = entry_bytes
         self._pending = bytearray()
-        self._persisted_entries = 0
 
     def read_all(self) -> bytes:
         try:
@@ -47,7 +46,6 @@ class _IndexFile:
             raise IndexCorrupt(f"{self.path.name} is missing") from None
         if len(data) % self._entry_bytes:
             raise IndexCorrupt(f"{self.path.name} has a partial entry")
-        self._persisted_entries = len(data) // self._entry_bytes
         return data
 
     def add(self, entry: bytes) -> None:
@@ -71,7 +69,6 @@ class _IndexFile:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        self._persisted_entries += len(pending) // self._entry_bytes
 
     def rewrite(self, data: bytes) -> None:
         """Replace the file with ``data`` (after truncation or a rebuild)."""
@@ -79,7 +76,6 @@ class _IndexFile:
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, self.path)
-        self._persisted_entries = len(data) // self._entry_bytes
 
     def delete(self) -> None:
         self._pending.clear()

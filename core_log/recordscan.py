@@ -6,8 +6,10 @@ So produced batches are walked record by record — every varint, every length a
 record's end, offset deltas 0..n-1, header counts, UTF-8 header keys — before anything is
 appended.
 
-The walk is per record, so it runs in C (``_recordscan.c``: ~1 GB/s) when the optional
-extension was built, and in Python (~50 MB/s) otherwise. Both raise ``CorruptRecordError``.
+The walk is per record, so it runs in C (``_recordscan.c``) when the optional extension was
+built, and in Python otherwise; measured on a 1 MiB batch of 100-byte records, strict
+validation with the CRC runs at ≈ 3.7 GB/s with C and the Python twin at 16 to 55 MB/s. Both
+raise ``CorruptRecordError``.
 """
 
 from __future__ import annotations
