@@ -5,18 +5,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import warnings
 from typing import Any
 
 import httpx
-
-# kafka-python's package import calls importlib.resources.read_text/open_text, deprecated on
-# this Python; the suite turns warnings into errors, so import it with that one warning muted.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", r"(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.partitioner.default import murmur2
-    from kafka.record.default_records import DefaultRecordBatchBuilder
-    from kafka.record.memory_records import MemoryRecords
+from kafka.partitioner.default import murmur2
+from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.memory_records import MemoryRecords
 
 JSON = "application/json"
 NDJSON = "application/x-ndjson"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import struct
-import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -17,6 +16,9 @@ import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kafka.record import util as kafka_util
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.memory_records import MemoryRecords
 
 from core_log.batch import (
     HEADER_BYTES,
@@ -42,14 +44,6 @@ from core_log.batch import (
 from core_log.compression import Compression, compress
 from core_log.errors import CorruptRecordError, ErrorCode, InvalidRecordError, LogbusError
 from core_log.limits import MAX_BATCH_BYTES, MAX_RECORDS_PER_BATCH
-
-# kafka-python's package import calls importlib.resources.read_text/open_text, deprecated on
-# this Python; pytest turns warnings into errors, so it is silenced for the import only.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", r"(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record import util as kafka_util
-    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
-    from kafka.record.memory_records import MemoryRecords
 
 # Deterministic (seeded from the test itself), no example database written into the repo, and
 # no per-example deadline (the first call into a codec library can be slow to warm up).

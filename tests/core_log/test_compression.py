@@ -12,7 +12,6 @@ import random
 import struct
 import threading
 import tracemalloc
-import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +21,8 @@ import snappy
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kafka import codec as kafka_codec
+from kafka.record.default_records import DefaultRecordBase
 
 from core_log.compression import Compression, compress, decompress
 from core_log.errors import (
@@ -30,13 +31,6 @@ from core_log.errors import (
     LogbusError,
     UnsupportedCompressionError,
 )
-
-# kafka-python's package import calls importlib.resources.read_text/open_text, deprecated on
-# this Python; pytest turns warnings into errors, so it is silenced for the import only.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", r"(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka import codec as kafka_codec
-    from kafka.record.default_records import DefaultRecordBase
 
 # Deterministic (seeded from the test itself), no example database written into the repo, and
 # no per-example deadline (the first call into a codec library can be slow to warm up).

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import struct
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,6 +17,7 @@ import crc32c
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from core_log.batch import BatchHeader, Record, build_batch, parse_header
 from core_log.errors import ErrorCode, InvalidRecordError, KafkaStorageError
@@ -38,12 +38,6 @@ from core_log.producer_state import (
     snapshot_offset,
     snapshot_path,
 )
-
-# kafka-python's package import calls importlib.resources.read_text/open_text, deprecated on
-# this Python; pytest turns warnings into errors, so it is silenced for the import only.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", r"(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 FAST = settings(
     derandomize=True,
