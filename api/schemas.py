@@ -9,8 +9,28 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
 ConfigValue = str | int | float | bool
+
+_PARTITION_EXAMPLE: JsonDict = {
+    "partition": 0,
+    "leader": 1,
+    "leader_epoch": 0,
+    "replicas": [1],
+    "isr": [1],
+    "log_start_offset": 0,
+    "high_watermark": 42,
+    "log_end_offset": 42,
+}
+_TOPIC_EXAMPLE: JsonDict = {
+    "name": "orders",
+    "topic_id": "5f0c2a7e9b1d4c3e8f6a2b1c0d9e8f7a",
+    "partitions": 3,
+    "replication_factor": 1,
+    "configs": {"retention.ms": 86400000},
+    "created_ms": 1700000000000,
+}
 
 
 class TopicCreate(BaseModel):
@@ -27,22 +47,7 @@ class TopicCreate(BaseModel):
 
 
 class PartitionPublic(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "partition": 0,
-                    "leader": 1,
-                    "leader_epoch": 0,
-                    "replicas": [1],
-                    "isr": [1],
-                    "log_start_offset": 0,
-                    "high_watermark": 42,
-                    "log_end_offset": 42,
-                }
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"examples": [_PARTITION_EXAMPLE]})
 
     partition: int
     leader: int
@@ -55,20 +60,7 @@ class PartitionPublic(BaseModel):
 
 
 class TopicPublic(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "name": "orders",
-                    "topic_id": "5f0c2a7e9b1d4c3e8f6a2b1c0d9e8f7a",
-                    "partitions": 3,
-                    "replication_factor": 1,
-                    "configs": {"retention.ms": 86400000},
-                    "created_ms": 1700000000000,
-                }
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"examples": [_TOPIC_EXAMPLE]})
 
     name: str
     topic_id: str
@@ -81,28 +73,7 @@ class TopicPublic(BaseModel):
 class TopicDetail(TopicPublic):
     model_config = ConfigDict(
         json_schema_extra={
-            "examples": [
-                {
-                    "name": "orders",
-                    "topic_id": "5f0c2a7e9b1d4c3e8f6a2b1c0d9e8f7a",
-                    "partitions": 3,
-                    "replication_factor": 1,
-                    "configs": {"retention.ms": 86400000},
-                    "created_ms": 1700000000000,
-                    "partition_details": [
-                        {
-                            "partition": 0,
-                            "leader": 1,
-                            "leader_epoch": 0,
-                            "replicas": [1],
-                            "isr": [1],
-                            "log_start_offset": 0,
-                            "high_watermark": 42,
-                            "log_end_offset": 42,
-                        }
-                    ],
-                }
-            ]
+            "examples": [{**_TOPIC_EXAMPLE, "partition_details": [_PARTITION_EXAMPLE]}]
         }
     )
 
@@ -110,24 +81,7 @@ class TopicDetail(TopicPublic):
 
 
 class TopicList(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "topics": [
-                        {
-                            "name": "orders",
-                            "topic_id": "5f0c2a7e9b1d4c3e8f6a2b1c0d9e8f7a",
-                            "partitions": 3,
-                            "replication_factor": 1,
-                            "configs": {"retention.ms": 86400000},
-                            "created_ms": 1700000000000,
-                        }
-                    ]
-                }
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"examples": [{"topics": [_TOPIC_EXAMPLE]}]})
 
     topics: list[TopicPublic]
 
