@@ -159,3 +159,19 @@ def test_openapi_lists_every_path(http: httpx.Client) -> None:
 def test_unknown_paths_stay_problem_json_outside_v1(http: httpx.Client) -> None:
     r = http.get("/static-offline-docs/no-such-file.js")
     assert r.status_code == 404
+
+
+def test_a_recreated_topic_starts_its_counters_afresh(http: httpx.Client) -> None:
+    topic = create_topic(http, "metricsreset", partitions=1)
+    produce(http, topic, [{"value": i} for i in range(5)])
+    assert http.delete(f"/v1/topics/{topic}").status_code == 204
+    assert f'topic="{topic}"' not in http.get("/metrics").text
+    r = http.post("/v1/topics", json={"name": topic, "partitions": 1})
+    assert r.status_code == 201
+    produce(http, topic, [{"value": 1}, {"value": 2}])
+    line = next(
+        x
+        for x in http.get("/metrics").text.splitlines()
+        if x.startswith(f'logbus_records_in_total{{topic="{topic}"}}')
+    )
+    assert float(line.split()[-1]) == 2.0

@@ -829,3 +829,25 @@ def test_background_tasks_start_and_stop(tmp_path: Path) -> None:
         assert not m.started
 
     run(main)
+
+
+def test_waiters_beyond_the_bound_answer_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("core_log.manager.MAX_WAITERS_PER_PARTITION", 3)
+
+    async def main() -> None:
+        manager = LogManager(tmp_path)
+        await manager.start(background=False)
+        p = await manager.create("bounded", 0)
+        parked = [asyncio.create_task(p.wait_for(0, 30)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert p.waiter_count == 3
+        started = time.monotonic()
+        assert await p.wait_for(0, 30) is False  # over the bound: no fourth parked future
+        assert time.monotonic() - started < 5
+        await p.append(build_batch([Record(b"x")]))
+        assert await asyncio.gather(*parked) == [True, True, True]
+        await manager.close()
+
+    asyncio.run(main())
