@@ -11,12 +11,13 @@ from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
 
 from cluster.broker import Broker, BrokerConfig
+from cluster.coordinator import Coordinator
 
 from . import errors
 from .fastpath import FastPath
 from .metrics import Metrics
 from .problems import PROBLEM_JSON
-from .routes import cluster, producers, records, topics
+from .routes import cluster, groups, producers, records, topics
 from .routes.common import errors as errors_doc
 from .schemas import FetchResponse, Problem
 from .settings import Settings
@@ -58,6 +59,7 @@ def create_fastapi(settings: Settings) -> FastAPI:
     app.include_router(topics.router)
     app.include_router(records.router)
     app.include_router(producers.router)
+    app.include_router(groups.router)
     app.include_router(cluster.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
@@ -93,7 +95,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     broker = Broker(broker_config(settings))
     await broker.start()
-    state = AppState(settings=settings, broker=broker, metrics=Metrics(broker))
+    coordinator = Coordinator(
+        broker,
+        offsets_partitions=settings.offsets_topic_partitions,
+        offsets_retention_ms=settings.offsets_retention_ms,
+    )
+    await coordinator.start()
+    state = AppState(
+        settings=settings, broker=broker, metrics=Metrics(broker), coordinator=coordinator
+    )
     app.state.logbus = state
     fast: FastPath | None = getattr(app.state, "fast_path", None)
     if fast is not None:
@@ -103,6 +113,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         if fast is not None:
             fast.state = None
+        await coordinator.close()
         await broker.close()
 
 

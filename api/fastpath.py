@@ -64,7 +64,7 @@ class FastPath:
         if (
             topic is None
             or method not in ("GET", "POST")
-            or (method == "GET" and partition is None)
+            or (method == "GET" and (partition is None or _wants_sse(scope)))
         ):
             await self.app(scope, receive, send)
             return
@@ -122,6 +122,14 @@ class FastPath:
             reply.records,
             reply.size_bytes,
         )
+
+
+def _wants_sse(scope: Scope) -> bool:
+    """SSE streams are served by the FastAPI route (a streaming response)."""
+    for k, v in scope["headers"]:
+        if k == b"accept":
+            return b"text/event-stream" in v
+    return False
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -439,9 +439,7 @@ async def _parse_ndjson(
 # -- fetch -------------------------------------------------------------------------------------
 
 
-def _int_param(
-    query: Mapping[str, str], name: str, default: int | None, low: int, high: int
-) -> int:
+def int_param(query: Mapping[str, str], name: str, default: int | None, low: int, high: int) -> int:
     raw = query.get(name)
     if raw is None:
         if default is None:
@@ -480,15 +478,15 @@ async def fetch(
     accept: str | None,
 ) -> Reply:
     kind = negotiate(accept)
-    offset = _int_param(query, "offset", None, 0, 2**63 - 1)
-    max_bytes = _int_param(
+    offset = int_param(query, "offset", None, 0, 2**63 - 1)
+    max_bytes = int_param(
         query, "max_bytes", settings.default_fetch_bytes, 1, settings.max_fetch_bytes
     )
-    max_records = _int_param(
+    max_records = int_param(
         query, "max_records", settings.default_fetch_records, 1, settings.max_fetch_records
     )
-    min_bytes = _int_param(query, "min_bytes", 1, 0, settings.max_fetch_bytes)
-    wait_ms = _int_param(query, "wait_ms", 0, 0, settings.max_wait_ms)
+    min_bytes = int_param(query, "min_bytes", 1, 0, settings.max_fetch_bytes)
+    wait_ms = int_param(query, "wait_ms", 0, 0, settings.max_wait_ms)
     isolation = query.get("isolation", "read_uncommitted")
     if isolation not in ("read_uncommitted", "read_committed"):
         raise bad_request("isolation must be read_uncommitted or read_committed")
@@ -517,7 +515,7 @@ async def fetch(
         count = sum(h.record_count for _, h in scan_batches(result.data))
         headers = _position_headers(next_offset, hw, result)
         return Reply(200, result.data, BATCH, headers, count, len(result.data))
-    records = _decode(result.data, offset, max_records)
+    records = decode_from(result.data, offset, max_records)
     next_offset = records[-1].offset + 1 if records else offset
     if records and len(records) < max_records:
         next_offset = max(next_offset, result.next_offset)
@@ -535,7 +533,7 @@ async def fetch(
     return Reply(200, orjson.dumps(doc), JSON, headers, len(records), len(result.data))
 
 
-def _decode(data: bytes, offset: int, max_records: int) -> list[Record]:
+def decode_from(data: bytes, offset: int, max_records: int) -> list[Record]:
     """Records at or after ``offset``, at most ``max_records``; stops decoding when enough."""
     out: list[Record] = []
     for pos, h in scan_batches(data):

@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     max_open_handles: int = 1024
     retention_check_interval_ms: int = 300_000
     idempotency_window_ms: int = 86_400_000  # how long an Idempotency-Key is remembered
+    offsets_topic_partitions: int = 4  # __consumer_offsets, fixed when the topic is created
+    offsets_retention_ms: int = 7 * 86_400_000  # offsets of a group empty this long expire
+    max_ws_message_bytes: int = 8 * 1024 * 1024  # a client's WebSocket message (produce)
 
     fast_path: bool = True  # serve produce/fetch from the lean ASGI route
 

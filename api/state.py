@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from cluster.broker import Broker
+from cluster.coordinator import Coordinator
 
 from .metrics import Metrics
 from .settings import Settings
@@ -18,6 +19,7 @@ class AppState:
     settings: Settings
     broker: Broker
     metrics: Metrics
+    coordinator: Coordinator
 
 
 def get_state(request: Request) -> AppState:
@@ -30,4 +32,11 @@ def get_broker(request: Request) -> Broker:
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def get_coordinator(request: Request) -> Coordinator:
+    return get_state(request).coordinator
+
+
 BrokerDep = Annotated[Broker, Depends(get_broker)]
+CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]

@@ -21,6 +21,7 @@ import contextlib
 import enum
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from .partitioner import StickyPartitioner, partition_for_key
 MAX_PARTITIONS_PER_TOPIC = 10_000
 _TRANSACTIONAL_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 BROKER_LEASE_MS = 30_000
+OFFSETS_TOPIC = "__consumer_offsets"  # committed offsets, written by cluster.coordinator only
 
 
 class Acks(enum.Enum):
@@ -96,6 +98,7 @@ class Broker:
         )
         self.sticky = StickyPartitioner()
         self._admin_lock = asyncio.Lock()
+        self.topic_listeners: list[Callable[[], None]] = []  # told of partition/topic changes
         self.ready = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -200,12 +203,18 @@ class Broker:
                 await self.logs.delete(name, p)
 
     async def delete_topic(self, name: str) -> None:
+        _check_not_internal(name)
         async with self._admin_lock:
             topic = self.topic(name)
             await asyncio.to_thread(self.store.delete_topic, name)
             del self._topics[name]
             for p in range(topic.partitions):
                 await self.logs.delete(name, p)
+        self._topics_changed()
+
+    def _topics_changed(self) -> None:
+        for listener in self.topic_listeners:
+            listener()
 
     async def alter_configs(self, name: str, changes: dict[str, Any]) -> TopicMeta:
         """Set keys to new values; a ``None`` value resets the key to its default."""
@@ -244,7 +253,8 @@ class Broker:
             self._topics[name] = updated
             for p in new:
                 await self.logs.create(name, p.partition, self.log_config(name))
-            return updated
+        self._topics_changed()
+        return updated
 
     # -- producers -------------------------------------------------------------------------------
 
@@ -294,8 +304,18 @@ class Broker:
         return partition_for_key(key, count)
 
     async def append(
-        self, topic: str, partition: int, data: bytes | memoryview, acks: Acks
+        self,
+        topic: str,
+        partition: int,
+        data: bytes | memoryview,
+        acks: Acks,
+        *,
+        internal: bool = False,
     ) -> AppendResult:
+        """Append batches; clients may not write to internal topics (``internal`` is for the
+        broker's own writers)."""
+        if not internal:
+            _check_not_internal(topic)
         p = self.partition(topic, partition)
         self._check_not_fenced(data)
         return await p.append(data, leader_epoch=0, durable=acks is Acks.ALL)
@@ -315,6 +335,14 @@ class Broker:
                 epoch=latest,
                 received_epoch=h.producer_epoch,
             )
+
+
+def _check_not_internal(topic: str) -> None:
+    if topic == OFFSETS_TOPIC:
+        raise LogbusError(
+            f"{OFFSETS_TOPIC} is internal: the group coordinator alone writes and deletes it",
+            code=ErrorCode.INVALID_TOPIC_EXCEPTION,
+        )
 
 
 def _check_partition_count(partitions: int) -> None:

@@ -11,10 +11,11 @@ from collections.abc import Awaitable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
 from core_log.errors import LogbusError
 
-from .. import records
+from .. import records, streams
 from ..schemas import FetchResponse, ProduceResponse
 from ..state import AppState, StateDep
 from .common import errors
@@ -90,6 +91,11 @@ _FETCH_CONTENT: dict[int | str, dict[str, Any]] = {
             records.JSON: {"schema": {"$ref": "#/components/schemas/FetchResponse"}},
             records.NDJSON: {"schema": {"type": "string"}},
             records.BATCH: {"schema": {"type": "string", "format": "binary"}},
+            streams.SSE: {
+                "schema": {"type": "string"},
+                "description": "Server-Sent Events, one per record, id = next offset; resumes "
+                "from Last-Event-ID",
+            },
         },
     }
 }
@@ -212,13 +218,27 @@ async def fetch_records(
     partition: int,
     request: Request,
     state: StateDep,
-    offset: Annotated[int, Query(ge=0, description="first offset to return")],
+    offset: Annotated[
+        int | None,
+        Query(ge=0, description="first offset to return (SSE: or the Last-Event-ID header)"),
+    ] = None,
     max_bytes: Annotated[int | None, Query(ge=1, description="bytes of batches to read")] = None,
     max_records: Annotated[int | None, Query(ge=1)] = None,
     min_bytes: Annotated[int | None, Query(ge=0, description="wait until this much")] = None,
     wait_ms: Annotated[int | None, Query(ge=0, description="long-poll up to this long")] = None,
     isolation: Annotated[str | None, Query(examples=["read_uncommitted"])] = None,
 ) -> Response:
+    accept = request.headers.get("accept")
+    if streams.wants_sse(accept):
+        start = streams.resume_offset(request.query_params, request.headers)
+        limit = min(max_records or 1000, state.settings.max_fetch_records)
+        body = streams.partition_sse(state.broker, topic, partition, start, limit)
+        await anext(body)  # raises (404) before the response starts; yields the retry line
+        return StreamingResponse(
+            streams.prepend(b"retry: %d\n\n" % streams.SSE_RETRY_MS, body),
+            media_type=streams.SSE,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     call = records.fetch(
         state.broker,
         state.settings,

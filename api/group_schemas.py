@@ -1,0 +1,189 @@
+"""Request and response bodies of the consumer-group resource."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cluster.coordinator import MAX_METADATA_CHARS, MAX_OFFSETS_PER_COMMIT
+from cluster.group import (
+    MAX_TOPICS_PER_MEMBER,
+    REBALANCE_TIMEOUT_MS_DEFAULT,
+    SESSION_TIMEOUT_MS_DEFAULT,
+    SESSION_TIMEOUT_MS_MAX,
+    SESSION_TIMEOUT_MS_MIN,
+)
+
+_TP: dict[str, Any] = {"topic": "orders", "partition": 0}
+
+
+class TopicPartitionRef(BaseModel):
+    topic: str
+    partition: int
+
+
+class MemberJoin(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"topics": ["orders"], "session_timeout_ms": 10000, "client_id": "app"}]
+        },
+    )
+    topics: list[str] = Field(min_length=1, max_length=MAX_TOPICS_PER_MEMBER)
+    session_timeout_ms: int = Field(
+        SESSION_TIMEOUT_MS_DEFAULT, ge=SESSION_TIMEOUT_MS_MIN, le=SESSION_TIMEOUT_MS_MAX
+    )
+    rebalance_timeout_ms: int = Field(
+        REBALANCE_TIMEOUT_MS_DEFAULT,
+        ge=SESSION_TIMEOUT_MS_MIN,
+        le=SESSION_TIMEOUT_MS_MAX,
+        description="how long the member has to release revoked partitions",
+    )
+    instance_id: str | None = Field(
+        None, max_length=249, description="static membership: survives a quick restart"
+    )
+    client_id: str | None = Field(None, max_length=249)
+    auto_offset_reset: Literal["earliest", "latest", "none"] = Field(
+        "latest", description="where to start a partition with no committed offset"
+    )
+
+
+class MemberAssignment(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "member_id": "5f0c…",
+                    "generation": 3,
+                    "assignment": [_TP],
+                    "revoking": [],
+                    "pending": [],
+                    "heartbeat_interval_ms": 3000,
+                }
+            ]
+        }
+    )
+    member_id: str
+    generation: int = Field(description="the member epoch; commits carry it")
+    assignment: list[TopicPartitionRef] = Field(description="partitions to read now")
+    revoking: list[TopicPartitionRef] = Field(
+        description="release these (commit, stop reading), then heartbeat"
+    )
+    pending: list[TopicPartitionRef] = Field(
+        description="assigned to this member once their previous owner releases them"
+    )
+    heartbeat_interval_ms: int
+
+
+class OffsetIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    topic: str
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0, description="the next offset to read (Kafka's convention)")
+    metadata: str = Field("", max_length=MAX_METADATA_CHARS)
+
+
+class OffsetCommit(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "member_id": "5f0c…",
+                    "generation": 3,
+                    "offsets": [{"topic": "orders", "partition": 0, "offset": 42}],
+                }
+            ]
+        },
+    )
+    member_id: str | None = Field(None, description="omit only for a group with no members")
+    generation: int | None = None
+    offsets: list[OffsetIn] = Field(min_length=1, max_length=MAX_OFFSETS_PER_COMMIT)
+
+
+class OffsetPublic(BaseModel):
+    topic: str
+    partition: int
+    offset: int
+    metadata: str
+    commit_ms: int
+
+
+class GroupOffsets(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "group": "billing",
+                    "offsets": [{**_TP, "offset": 42, "metadata": "", "commit_ms": 1700000000000}],
+                }
+            ]
+        }
+    )
+    group: str
+    offsets: list[OffsetPublic]
+
+
+class OffsetReset(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"to": "earliest", "topics": ["orders"]},
+                {"to": "timestamp", "timestamp": 1700000000000, "topics": ["orders"]},
+                {"to": "offsets", "offsets": [{"topic": "orders", "partition": 0, "offset": 7}]},
+            ]
+        },
+    )
+    to: Literal["earliest", "latest", "timestamp", "offsets"]
+    topics: list[str] | None = Field(
+        None,
+        max_length=1000,
+        description="every partition of these topics (earliest/latest/"
+        "timestamp); default: the topics the group has offsets for",
+    )
+    timestamp: int | None = Field(None, description="with to=timestamp, in ms")
+    offsets: list[OffsetIn] | None = Field(None, max_length=MAX_OFFSETS_PER_COMMIT)
+
+
+class PartitionLag(BaseModel):
+    topic: str
+    partition: int
+    committed_offset: int | None
+    metadata: str | None
+    log_end_offset: int | None = Field(description="the high watermark")
+    lag: int | None
+    member_id: str | None
+
+
+class MemberPublic(BaseModel):
+    member_id: str
+    instance_id: str | None
+    client_id: str | None
+    member_epoch: int
+    topics: list[str]
+    assignment: list[TopicPartitionRef]
+    revoking: list[TopicPartitionRef]
+    target: list[TopicPartitionRef]
+    departed: bool = Field(description="a static member that left and may come back")
+
+
+class GroupDetail(BaseModel):
+    group: str
+    state: Literal["empty", "reconciling", "stable"]
+    group_epoch: int
+    members: list[MemberPublic]
+    offsets: list[PartitionLag]
+    lag: int = Field(description="total lag over committed partitions")
+
+
+class GroupSummary(BaseModel):
+    group: str
+    state: Literal["empty", "reconciling", "stable"]
+    members: int
+    lag: int
+
+
+class GroupList(BaseModel):
+    groups: list[GroupSummary]

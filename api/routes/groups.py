@@ -1,0 +1,268 @@
+"""Consumer groups: members join, heartbeat, poll and leave; offsets are committed and reset.
+
+Thin routes over :class:`cluster.coordinator.Coordinator`; record polling is in
+:mod:`api.streams`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from cluster.assignor import TopicPartition
+from cluster.coordinator import Coordinator
+from core_log.errors import ErrorCode, LogbusError
+
+from .. import streams
+from ..group_schemas import (
+    GroupDetail,
+    GroupList,
+    GroupOffsets,
+    GroupSummary,
+    MemberAssignment,
+    MemberJoin,
+    OffsetCommit,
+    OffsetPublic,
+    OffsetReset,
+)
+from ..problems import bad_request
+from ..records import JSON, NDJSON, media_type
+from ..state import CoordinatorDep, StateDep
+from .common import errors
+
+router = APIRouter(prefix="/v1/groups", tags=["groups"])
+
+MAX_GROUPS_LISTED = 10_000
+
+_POLL_CONTENT: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Records from the member's partitions, its positions and assignment; "
+        "NDJSON gives records only; text/event-stream streams them (SSE)",
+        "content": {
+            JSON: {"schema": {"type": "object"}},
+            NDJSON: {"schema": {"type": "string"}},
+            streams.SSE: {"schema": {"type": "string"}},
+        },
+    }
+}
+
+
+def _assignment(coordinator: Coordinator, group: str, member_id: str, r: Any) -> MemberAssignment:
+    member = coordinator.member(group, member_id)
+    interval = streams.heartbeat_interval_ms(member.session_timeout_ms, r)
+    return MemberAssignment.model_validate(streams.assignment_doc(r, interval))
+
+
+@router.post(
+    "/{group}/members",
+    status_code=201,
+    summary="Join a group: a member id, generation and assignment",
+    responses=errors(400, 404, 503),
+)
+async def join(group: str, body: MemberJoin, coordinator: CoordinatorDep) -> MemberAssignment:
+    r = coordinator.join(
+        group,
+        body.topics,
+        session_timeout_ms=body.session_timeout_ms,
+        rebalance_timeout_ms=body.rebalance_timeout_ms,
+        instance_id=body.instance_id,
+        client_id=body.client_id,
+        auto_offset_reset=body.auto_offset_reset,
+    )
+    return _assignment(coordinator, group, r.member_id, r)
+
+
+@router.post(
+    "/{group}/members/{member}/heartbeat",
+    summary="Keep the session; acknowledge released partitions; get the current assignment",
+    responses=errors(400, 404),
+)
+async def heartbeat(group: str, member: str, coordinator: CoordinatorDep) -> MemberAssignment:
+    r = coordinator.heartbeat(group, member, ack=True)
+    return _assignment(coordinator, group, member, r)
+
+
+@router.delete(
+    "/{group}/members/{member}",
+    status_code=204,
+    summary="Leave the group (a static member's partitions wait for it unless permanent)",
+    responses=errors(400, 404),
+)
+async def leave(
+    group: str,
+    member: str,
+    coordinator: CoordinatorDep,
+    permanent: Annotated[bool, Query(description="static members: leave for good")] = False,
+) -> Response:
+    coordinator.leave(group, member, permanent=permanent)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{group}/members/{member}/records",
+    summary="Long-poll records from the member's assigned partitions (JSON, NDJSON or SSE)",
+    responses={**_POLL_CONTENT, **errors(400, 404, 406)},
+    response_model=None,
+)
+async def poll(
+    group: str,
+    member: str,
+    request: Request,
+    state: StateDep,
+    max_bytes: Annotated[int | None, Query(ge=1)] = None,
+    max_records: Annotated[int | None, Query(ge=1)] = None,
+    wait_ms: Annotated[int | None, Query(ge=0, description="long-poll up to this long")] = None,
+    accept: Annotated[str | None, Header()] = None,
+) -> Response:
+    kind = _negotiate(accept)
+    coordinator = state.coordinator
+    if kind == streams.SSE:
+        coordinator.member(group, member)  # unknown member: 404 before the stream
+        max_records = min(max_records or 1000, state.settings.max_fetch_records)
+        return _sse(streams.member_sse(coordinator, group, member, max_records))
+    reply = await streams.member_poll(
+        coordinator, state.settings, group, member, request.query_params, kind
+    )
+    assert isinstance(reply.body, bytes)
+    return Response(reply.body, reply.status, reply.headers, media_type=reply.content_type)
+
+
+def _negotiate(accept: str | None) -> str:
+    for part in (accept or JSON).split(","):
+        kind = media_type(part)
+        if kind in (JSON, NDJSON, streams.SSE):
+            return kind
+        if kind in ("*/*", "application/*"):
+            return JSON
+    raise LogbusError(
+        f"cannot answer in {accept!r}; acceptable: {JSON}, {NDJSON}, {streams.SSE}",
+        code=ErrorCode.NOT_ACCEPTABLE,
+    )
+
+
+def _sse(body: Any) -> StreamingResponse:
+    return StreamingResponse(
+        body,
+        media_type=streams.SSE,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.post(
+    "/{group}/offsets",
+    summary="Commit offsets (from a member at its generation, or standalone for an empty group)",
+    responses=errors(400, 404, 409),
+)
+async def commit(group: str, body: OffsetCommit, coordinator: CoordinatorDep) -> GroupOffsets:
+    if (body.member_id is None) != (body.generation is None):
+        raise bad_request("member_id and generation go together")
+    offsets = {(o.topic, o.partition): (o.offset, o.metadata) for o in body.offsets}
+    await coordinator.commit(group, body.member_id, body.generation, offsets)
+    return _offsets(coordinator, group, set(offsets))
+
+
+def _offsets(
+    coordinator: Coordinator, group: str, only: set[TopicPartition] | None = None
+) -> GroupOffsets:
+    committed = coordinator.committed(group)
+    return GroupOffsets(
+        group=group,
+        offsets=[
+            OffsetPublic(
+                topic=t, partition=p, offset=c.offset, metadata=c.metadata, commit_ms=c.commit_ms
+            )
+            for (t, p), c in sorted(committed.items())
+            if only is None or (t, p) in only
+        ],
+    )
+
+
+@router.get("/{group}/offsets", summary="The group's committed offsets", responses=errors(400))
+async def get_offsets(group: str, coordinator: CoordinatorDep) -> GroupOffsets:
+    return _offsets(coordinator, group)
+
+
+@router.post(
+    "/{group}/offsets/reset",
+    summary="Reset an empty group's offsets to earliest, latest, a timestamp or given offsets",
+    responses=errors(400, 404, 409, 416),
+)
+async def reset_offsets(group: str, body: OffsetReset, state: StateDep) -> GroupOffsets:
+    coordinator = state.coordinator
+    targets = _reset_targets(state, group, body)
+    await coordinator.reset(group, targets)
+    return _offsets(coordinator, group, set(targets))
+
+
+def _reset_targets(state: Any, group: str, body: OffsetReset) -> dict[TopicPartition, int]:
+    broker = state.broker
+    if body.to == "offsets":
+        if not body.offsets:
+            raise bad_request("to=offsets needs offsets")
+        out = {}
+        for o in body.offsets:
+            p = broker.partition(o.topic, o.partition)
+            if not p.log_start_offset <= o.offset <= p.high_watermark:
+                raise LogbusError(
+                    f"offset {o.offset} of {o.topic}[{o.partition}] is outside "
+                    f"[{p.log_start_offset}, {p.high_watermark}]",
+                    code=ErrorCode.OFFSET_OUT_OF_RANGE,
+                    log_start_offset=p.log_start_offset,
+                    log_end_offset=p.high_watermark,
+                )
+            out[(o.topic, o.partition)] = o.offset
+        return out
+    if body.to == "timestamp" and body.timestamp is None:
+        raise bad_request("to=timestamp needs timestamp (ms)")
+    topics = body.topics or sorted({t for t, _ in state.coordinator.committed(group)})
+    if not topics:
+        raise bad_request("the group has no offsets; name the topics to reset")
+    out = {}
+    for topic in topics:
+        for partition in range(broker.topic(topic).partitions):
+            p = broker.partition(topic, partition)
+            if body.to == "earliest":
+                out[(topic, partition)] = p.log_start_offset
+            elif body.to == "latest":
+                out[(topic, partition)] = p.high_watermark
+            else:
+                assert body.timestamp is not None
+                found = p.log.offset_for_timestamp(body.timestamp)
+                out[(topic, partition)] = p.high_watermark if found is None else found
+    return out
+
+
+@router.get("", summary="List groups with state, member count and lag", responses=errors(400))
+async def list_groups(
+    coordinator: CoordinatorDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_GROUPS_LISTED)] = 1000,
+) -> GroupList:
+    out = []
+    for group_id in coordinator.group_ids()[:limit]:
+        d = coordinator.describe(group_id)
+        out.append(
+            GroupSummary(group=group_id, state=d["state"], members=len(d["members"]), lag=d["lag"])
+        )
+    return GroupList(groups=out)
+
+
+@router.get(
+    "/{group}",
+    summary="Describe a group: state, members, assignment, committed offsets, log end, lag",
+    responses=errors(400, 404),
+)
+async def describe_group(group: str, coordinator: CoordinatorDep) -> GroupDetail:
+    return GroupDetail.model_validate(coordinator.describe(group))
+
+
+@router.delete(
+    "/{group}",
+    status_code=204,
+    summary="Delete an empty group and its offsets",
+    responses=errors(400, 404, 409),
+)
+async def delete_group(group: str, coordinator: CoordinatorDep) -> Response:
+    await coordinator.delete(group)
+    return Response(status_code=204)
