@@ -17,7 +17,7 @@ from . import errors
 from .fastpath import FastPath
 from .metrics import Metrics
 from .problems import PROBLEM_JSON
-from .routes import cluster, groups, producers, records, topics
+from .routes import cluster, groups, producers, records, topics, ws
 from .routes.common import errors as errors_doc
 from .schemas import FetchResponse, Problem
 from .settings import Settings
@@ -60,6 +60,7 @@ def create_fastapi(settings: Settings) -> FastAPI:
     app.include_router(records.router)
     app.include_router(producers.router)
     app.include_router(groups.router)
+    app.include_router(ws.router)
     app.include_router(cluster.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

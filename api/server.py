@@ -36,6 +36,7 @@ def serve(settings: Settings) -> int:
         timeout_graceful_shutdown=10,
         limit_concurrency=10_000,
         backlog=2048,
+        ws_max_size=settings.max_ws_message_bytes,
     )
     _Server(config, app).run()
     return 0

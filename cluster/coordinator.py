@@ -437,7 +437,7 @@ class Coordinator:
             for tp in reconciled.assigned:
                 p = self.broker.partition(*tp)
                 waits.append(p.wait_for(member.positions.get(tp, p.high_watermark), remaining))
-            await _first_of(waits, remaining)
+            await first_of(waits, remaining)
 
     async def _read(
         self, group_id: str, member: Member, tps: list[TopicPartition], max_bytes: int
@@ -521,7 +521,8 @@ def _tps(tps: Iterable[TopicPartition]) -> list[dict[str, Any]]:
     return [{"topic": t, "partition": p} for t, p in sorted(tps)]
 
 
-async def _first_of(waits: list[Any], timeout_s: float) -> None:
+async def first_of(waits: list[Any], timeout_s: float) -> None:
+    """Wait until the first of ``waits`` completes (or the timeout); cancel the rest."""
     tasks = [asyncio.ensure_future(w) for w in waits]
     try:
         await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)

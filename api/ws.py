@@ -1,0 +1,453 @@
+"""``/v1/ws``: push consumers (explicit partitions or a group member), commits and produce.
+
+Theory of operation
+-------------------
+One session per socket, two tasks:
+
+* the **reader** parses client messages (:mod:`api.ws_protocol`) and acts on them: subscribe,
+  join (the socket becomes a group member; closing it leaves the group), grant credit, commit,
+  acknowledge revocations, produce. A malformed message gets an ``error`` message and the
+  socket stays open; a subscription to an unknown topic closes it with 4404, an impossible one
+  with 4400, a member fenced by the coordinator with 4409.
+* the **pusher** sends records while there is credit: it reads each source partition from its
+  position and builds frames that fit the credit left. With nothing to send it waits — on the
+  partitions' high-watermark events, the group's event and the session's own (credit or
+  subscription changed) — never on a timer, except to keep a member's session alive.
+
+Memory per idle session: two tasks and the socket's buffers; nothing is queued for a client
+beyond the frame being sent (uvicorn's ``send`` waits for the transport to drain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+import orjson
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from cluster.assignor import TopicPartition
+from cluster.coordinator import first_of
+from core_log.batch import scan_batches
+from core_log.errors import ErrorCode, LogbusError, UnknownTopicOrPartitionError
+
+from . import records
+from . import ws_protocol as proto
+from .problems import problem_body
+from .records_codec import record_to_json
+from .state import AppState
+
+log = logging.getLogger("logbus.ws")
+
+READ_BYTES = 1024 * 1024  # one read per partition per round
+MAX_RECORDS_PER_FRAME = 10_000
+KEEPALIVE_S = 15.0
+
+
+class Close(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason[:120]  # a close reason is at most 123 bytes
+
+
+class Session:
+    def __init__(self, ws: WebSocket, state: AppState) -> None:
+        self.ws = ws
+        self.state = state
+        self.broker = state.broker
+        self.coordinator = state.coordinator
+        self.credit = proto.CreditWindow()
+        self.format: proto.Format = "json"
+        self.positions: dict[TopicPartition, int] = {}  # explicit subscriptions
+        self.group: str | None = None
+        self.member_id: str | None = None
+        self.auto_ack = False
+        self.announced: tuple[frozenset[TopicPartition], frozenset[TopicPartition]] = (
+            frozenset(),
+            frozenset(),
+        )
+        self.changed = asyncio.Event()
+        self.stalled_sent = False
+        self._cursor = 0
+        self._pending_notes: list[
+            tuple[int, frozenset[TopicPartition], frozenset[TopicPartition]]
+        ] = []
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        pusher = asyncio.create_task(self._push_loop(), name="ws-push")
+        reader = asyncio.create_task(self._read_loop(), name="ws-read")
+        try:
+            done, _ = await asyncio.wait({pusher, reader}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                exc = task.exception()
+                if isinstance(exc, Close):
+                    with contextlib.suppress(Exception):
+                        await self.ws.close(exc.code, exc.reason)
+                elif exc is not None and not isinstance(exc, WebSocketDisconnect):
+                    log.error("websocket session failed", exc_info=exc)
+                    with contextlib.suppress(Exception):
+                        await self.ws.close(1011, "internal error")
+        finally:
+            for task in (pusher, reader):
+                task.cancel()
+            await asyncio.gather(pusher, reader, return_exceptions=True)
+            self._leave()
+
+    def _leave(self) -> None:
+        if self.group is not None and self.member_id is not None:
+            with contextlib.suppress(LogbusError):
+                self.coordinator.leave(self.group, self.member_id)
+            self.member_id = None
+
+    async def send(self, doc: dict[str, Any]) -> None:
+        await self.ws.send_text(orjson.dumps(doc).decode())
+
+    # -- client messages -------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", 1000))
+            raw = message.get("text")
+            if raw is None:
+                raw = message.get("bytes") or b""
+            try:
+                msg = proto.parse(raw)
+            except ValueError as e:
+                await self._error(proto.message_id(raw), ErrorCode.INVALID_REQUEST, str(e))
+                continue
+            try:
+                await self._handle(msg)
+            except LogbusError as e:
+                await self.send({"type": "error", "id": msg.id, **problem_body(e)})
+
+    async def _error(self, msg_id: int | str | None, code: ErrorCode, detail: str) -> None:
+        await self.send(
+            {
+                "type": "error",
+                "id": msg_id,
+                "code": code.name,
+                "status": code.http_status,
+                "detail": detail,
+            }
+        )
+
+    async def _handle(self, msg: proto.Message) -> None:
+        if isinstance(msg, proto.Credit):
+            self.credit.grant(msg.records, msg.bytes)
+            self.stalled_sent = False
+            self.changed.set()
+        elif isinstance(msg, proto.Subscribe):
+            await self._subscribe(msg)
+        elif isinstance(msg, proto.Join):
+            await self._join(msg)
+        elif isinstance(msg, proto.Commit):
+            await self._commit(msg)
+        elif isinstance(msg, proto.Ack):
+            if self.group is not None and self.member_id is not None:
+                self._reconcile(ack=True)
+                self.changed.set()
+        elif isinstance(msg, proto.Produce):
+            await self._produce(msg)
+        elif isinstance(msg, proto.Unsubscribe):
+            self._leave()
+            self.group = None
+            self.positions.clear()
+            self.changed.set()
+            await self.send({"type": "unsubscribed", "id": msg.id})
+        else:
+            await self.send({"type": "pong", "id": msg.id})
+
+    async def _subscribe(self, msg: proto.Subscribe) -> None:
+        if self.group is not None:
+            raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "this socket is a group member already")
+        wanted: dict[TopicPartition, int] = {}
+        try:
+            for spec in msg.partitions:
+                wanted[(spec.topic, spec.partition)] = self._start(
+                    spec.topic, spec.partition, spec.offset, spec.timestamp, spec.start
+                )
+            for topic in msg.topics:
+                for p in range(self.broker.topic(topic).partitions):
+                    wanted[(topic, p)] = self._start(topic, p, None, msg.timestamp, msg.start)
+        except UnknownTopicOrPartitionError as e:
+            code = proto.CLOSE_UNKNOWN_TOPIC if e.detail.get("partition") is None else 4400
+            raise Close(code, e.message) from None
+        except LogbusError as e:
+            raise Close(proto.CLOSE_BAD_SUBSCRIPTION, e.message) from None
+        if not wanted or len(self.positions) + len(wanted) > proto.MAX_SUBSCRIPTIONS:
+            raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "subscribe to 1..10000 partitions")
+        self.positions.update(wanted)
+        self.format = msg.format
+        self.changed.set()
+        await self.send(
+            {
+                "type": "subscribed",
+                "id": msg.id,
+                "partitions": [
+                    {"topic": t, "partition": p, "offset": o}
+                    for (t, p), o in sorted(wanted.items())
+                ],
+            }
+        )
+
+    def _start(
+        self, topic: str, partition: int, offset: int | None, ts: int | None, start: str | None
+    ) -> int:
+        p = self.broker.partition(topic, partition)
+        if offset is not None:
+            if not p.log_start_offset <= offset <= p.high_watermark:
+                raise LogbusError(
+                    f"offset {offset} of {topic}[{partition}] is outside "
+                    f"[{p.log_start_offset}, {p.high_watermark}]",
+                    code=ErrorCode.OFFSET_OUT_OF_RANGE,
+                )
+            return offset
+        if ts is not None:
+            found = p.log.offset_for_timestamp(ts)
+            return p.high_watermark if found is None else found
+        return p.log_start_offset if start == "earliest" else p.high_watermark
+
+    async def _join(self, msg: proto.Join) -> None:
+        if self.group is not None or self.positions:
+            raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "this socket is subscribed already")
+        try:
+            r = self.coordinator.join(
+                msg.group,
+                msg.topics,
+                session_timeout_ms=max(msg.session_timeout_ms, 100),
+                rebalance_timeout_ms=msg.rebalance_timeout_ms,
+                instance_id=msg.instance_id,
+                client_id=msg.client_id,
+                auto_offset_reset=msg.auto_offset_reset,
+            )
+        except UnknownTopicOrPartitionError as e:
+            raise Close(proto.CLOSE_UNKNOWN_TOPIC, e.message) from None
+        self.group, self.member_id = msg.group, r.member_id
+        self.auto_ack = msg.auto_ack
+        self.format = msg.format
+        await self.send(
+            {
+                "type": "joined",
+                "id": msg.id,
+                "group": msg.group,
+                "member_id": r.member_id,
+                "generation": r.epoch,
+            }
+        )
+        self.changed.set()
+
+    async def _commit(self, msg: proto.Commit) -> None:
+        offsets = {(o.topic, o.partition): (o.offset, o.metadata) for o in msg.offsets}
+        if self.group is not None and self.member_id is not None:
+            member = self.coordinator.member(self.group, self.member_id)
+            await self.coordinator.commit(self.group, self.member_id, member.epoch, offsets)
+        elif msg.group is not None:
+            await self.coordinator.commit(msg.group, None, None, offsets)
+        else:
+            raise LogbusError(
+                "commit needs a group: join one, or name it", code=ErrorCode.INVALID_REQUEST
+            )
+        await self.send({"type": "committed", "id": msg.id, "count": len(offsets)})
+
+    async def _produce(self, msg: proto.Produce) -> None:
+        async def body() -> Any:
+            yield b'{"records":' + bytes(msg.records) + b"}"
+
+        query = {"acks": msg.acks} if msg.acks is not None else {}
+        reply = await records.produce(
+            self.broker,
+            self.state.settings,
+            msg.topic,
+            msg.partition,
+            query,
+            {"content-type": records.JSON},
+            body(),
+        )
+        assert isinstance(reply.body, bytes)
+        doc = orjson.loads(reply.body)
+        await self.send({"type": "produced", "id": msg.id, **doc})
+
+    # -- pushing records -------------------------------------------------------------------------
+
+    def _reconcile(self, *, ack: bool) -> None:
+        """A member's view: announce assignment changes; auto-ack revocations if asked."""
+        assert self.group is not None and self.member_id is not None
+        try:
+            r = self.coordinator.heartbeat(self.group, self.member_id, ack=ack)
+        except LogbusError as e:
+            self.member_id = None
+            raise Close(proto.CLOSE_FENCED, e.message) from None
+        assigned, revoking = r.assigned, r.revoking
+        old_assigned, old_revoking = self.announced
+        self.announced = (assigned, revoking)
+        self._pending_notes.append((r.epoch, assigned - old_assigned, revoking - old_revoking))
+        if revoking and self.auto_ack and not ack:
+            self._reconcile(ack=True)
+
+    async def _announce(self) -> None:
+        notes, self._pending_notes = self._pending_notes, []
+        for epoch, added, revoked in notes:
+            if revoked:
+                await self.send(
+                    {"type": "revoked", "generation": epoch, "partitions": _tps(revoked)}
+                )
+            if added:
+                await self.send(
+                    {"type": "assigned", "generation": epoch, "partitions": _tps(added)}
+                )
+
+    def _sources(self) -> list[TopicPartition]:
+        if self.group is not None and self.member_id is not None:
+            self._reconcile(ack=False)
+            return sorted(self.announced[0])
+        return sorted(self.positions)
+
+    def _position(self, tp: TopicPartition) -> int:
+        if self.group is not None and self.member_id is not None:
+            member = self.coordinator.member(self.group, self.member_id)
+            return self.coordinator.position(self.group, member, tp)
+        return self.positions[tp]
+
+    def _advance(self, tp: TopicPartition, next_offset: int) -> None:
+        if self.group is not None and self.member_id is not None:
+            self.coordinator.advance(self.group, self.member_id, tp, next_offset)
+        else:
+            self.positions[tp] = next_offset
+
+    async def _push_loop(self) -> None:
+        while True:
+            self.changed.clear()
+            group_event = self.coordinator.event(self.group) if self.group else None
+            sources = self._sources() if (self.group or self.positions) else []
+            await self._announce()
+            sent = 0
+            if self.credit.open and sources:
+                sent = await self._push_round(sources)
+            if sent:
+                continue
+            waits: list[Awaitable[Any]] = [self.changed.wait()]
+            if group_event is not None:
+                waits.append(group_event.wait())
+            timeout = KEEPALIVE_S
+            if self.group is not None and self.member_id is not None:
+                member = self.coordinator.member(self.group, self.member_id)
+                timeout = min(timeout, member.session_timeout_ms / 3000)
+            if self.credit.open:
+                for tp in sources:
+                    p = self.broker.partition(*tp)
+                    waits.append(p.wait_for(self._position(tp), timeout))
+            await first_of(waits, timeout)
+
+    async def _push_round(self, sources: list[TopicPartition]) -> int:
+        """One pass over the sources from a rotating start; returns records sent."""
+        start = self._cursor % len(sources)
+        self._cursor += 1
+        sent = 0
+        for tp in sources[start:] + sources[:start]:
+            if not self.credit.open:
+                break
+            try:
+                pos = self._position(tp)
+                p = self.broker.partition(*tp)
+            except LogbusError:
+                continue  # deleted meanwhile; a member hears of it by reassignment
+            if pos >= p.high_watermark:
+                continue
+            budget = READ_BYTES if self.credit.bytes is None else min(READ_BYTES, self.credit.bytes)
+            try:
+                result = await p.read(pos, max(budget, 1))
+            except LogbusError as e:
+                await self.send(
+                    {"type": "error", "topic": tp[0], "partition": tp[1], **problem_body(e)}
+                )
+                if self.group is None:
+                    self.positions.pop(tp, None)
+                continue
+            if self.format == "binary":
+                sent += await self._send_binary(tp, pos, result.data, result.high_watermark)
+            else:
+                sent += await self._send_json(tp, pos, result, result.high_watermark)
+        return sent
+
+    async def _send_json(self, tp: TopicPartition, pos: int, result: Any, hw: int) -> int:
+        limit = min(self.credit.records, MAX_RECORDS_PER_FRAME)
+        recs = records.decode_from(result.data, pos, limit)
+        if not recs:
+            if result.next_offset > pos:
+                self._advance(tp, result.next_offset)  # a compacted gap
+            return 0
+        complete = len(recs) < limit  # everything read was decoded
+        while True:
+            next_offset = recs[-1].offset + 1
+            if complete:
+                next_offset = max(next_offset, result.next_offset)
+            frame = orjson.dumps(
+                {
+                    "type": "records",
+                    "topic": tp[0],
+                    "partition": tp[1],
+                    "records": [record_to_json(r) for r in recs],
+                    "next_offset": next_offset,
+                    "high_watermark": hw,
+                }
+            )
+            if self.credit.fits(len(recs), len(frame)):
+                break
+            if len(recs) == 1:
+                await self._stalled(tp, 1, len(frame))
+                return 0
+            recs = recs[: len(recs) // 2]
+            complete = False
+        self.credit.use(len(recs), len(frame))
+        self._advance(tp, next_offset)
+        await self.ws.send_text(frame.decode())
+        return len(recs)
+
+    async def _send_binary(self, tp: TopicPartition, pos: int, data: bytes, hw: int) -> int:
+        overhead = len(proto.binary_frame(tp[0], tp[1], b""))
+        count = 0
+        end = 0
+        next_offset = pos
+        for at, h in scan_batches(data):
+            size = at + h.size_bytes
+            if not self.credit.fits(count + h.record_count, overhead + size):
+                if count == 0:
+                    await self._stalled(tp, h.record_count, overhead + size)
+                break
+            count += h.record_count
+            end = size
+            next_offset = h.next_offset
+        if count == 0:
+            return 0
+        frame = proto.binary_frame(tp[0], tp[1], data[:end])
+        self.credit.use(count, len(frame))
+        self._advance(tp, next_offset)
+        await self.ws.send_bytes(frame)
+        return count
+
+    async def _stalled(self, tp: TopicPartition, needed_records: int, needed_bytes: int) -> None:
+        """The credit left cannot carry the next frame: say so once per grant."""
+        if not self.stalled_sent:
+            self.stalled_sent = True
+            await self.send(
+                {
+                    "type": "stalled",
+                    "topic": tp[0],
+                    "partition": tp[1],
+                    "needed_records": needed_records,
+                    "needed_bytes": needed_bytes,
+                    "credit_records": self.credit.records,
+                    "credit_bytes": self.credit.bytes,
+                }
+            )
+
+
+def _tps(tps: frozenset[TopicPartition]) -> list[dict[str, Any]]:
+    return [{"topic": t, "partition": p} for t, p in sorted(tps)]
