@@ -6,13 +6,15 @@ The coordinator calls :func:`assign` whenever the group's membership, subscripti
 partition counts of subscribed topics change. It returns the *target* assignment; members reach
 it through revocation and reconciliation (:mod:`cluster.group`), never directly.
 
-1. **Keep** every partition its current owner may still own (subscribed, partition exists),
-   up to the owner's fair share — this is what makes a rebalance move as few partitions as it
-   can.
+1. **Keep** every partition its current owner may still own (subscribed, partition exists) —
+   this is what makes a rebalance move as few partitions as it can.
 2. **Place** every unowned partition on the eligible member with the fewest partitions (ties go
    to the member id, so the result is deterministic).
-3. **Even out**: while some partition could move from a member holding ``n`` to an eligible
-   member holding ``≤ n - 2``, move it. Each move lowers the sum of squared counts, so this ends.
+3. **Even out**, always from the most loaded member: find the shortest chain of moves
+   ``src → … → dst`` (each link a partition the one member holds and the next may hold) that
+   ends at a member holding at least two fewer, and shift one partition along each link —
+   only ``src`` loses and only ``dst`` gains. Each shift lowers the sum of squared counts, so
+   this ends; it stops when no member can shed a partition that way.
 
 With identical subscriptions the counts differ by at most one, and a member that leaves has only
 its own partitions spread over the others. With differing subscriptions the result is balanced
@@ -49,17 +51,11 @@ def assign(
         if partition_counts.get(topic, 0) > 0:
             eligible[topic] = [m for m in members if topic in subscriptions[m]]
     partitions = [(t, p) for t in eligible for p in range(partition_counts[t])]
-    fair = _fair_shares(members, eligible, partition_counts)
-
     owner: dict[TopicPartition, str] = {}
     for m in members:
-        keep = sorted(
-            tp
-            for tp in current.get(m, ())
-            if tp[0] in subscriptions[m] and tp[1] < partition_counts.get(tp[0], 0)
-        )
-        for tp in keep[: fair[m]]:
-            if tp not in owner:
+        for tp in sorted(current.get(m, ())):
+            valid = tp[0] in subscriptions[m] and tp[1] < partition_counts.get(tp[0], 0)
+            if valid and tp not in owner:
                 owner[tp] = m
                 result[m].add(tp)
 
@@ -69,41 +65,63 @@ def assign(
             owner[tp] = m
             result[m].add(tp)
 
-    _even_out(result, owner, eligible, partitions)
+    _even_out(result, eligible, len(partitions))
     return result
 
 
-def _fair_shares(
-    members: list[str], eligible: Mapping[str, list[str]], counts: Mapping[str, int]
-) -> dict[str, int]:
-    """An upper bound on what each member keeps in step 1: the ceiling of an even split of
-    the partitions it could hold among the members that could hold them."""
-    share = {m: 0.0 for m in members}
-    for topic, ms in eligible.items():
-        for m in ms:
-            share[m] += counts[topic] / len(ms)
-    return {m: -int(-share[m] // 1) for m in members}
+def _even_out(result: Assignment, eligible: Mapping[str, list[str]], partitions: int) -> None:
+    budget = partitions * max(1, len(result))  # a bound; each shift lowers Σ count²
+    while budget > 0:
+        budget -= 1
+        for src in sorted(result, key=lambda m: (-len(result[m]), m)):
+            path = _chain(result, eligible, src)
+            if path:
+                for tp, giver, taker in path:
+                    result[giver].discard(tp)
+                    result[taker].add(tp)
+                break
+        else:
+            return
 
 
-def _even_out(
-    result: Assignment,
-    owner: dict[TopicPartition, str],
-    eligible: Mapping[str, list[str]],
-    partitions: list[TopicPartition],
-) -> None:
-    moved = True
-    budget = len(partitions) * max(1, len(result))
-    while moved and budget > 0:
-        moved = False
-        for tp in partitions:
-            src = owner[tp]
-            dst = min(eligible[tp[0]], key=lambda c: (len(result[c]), c))
-            if len(result[dst]) + 1 < len(result[src]):
-                result[src].discard(tp)
-                result[dst].add(tp)
-                owner[tp] = dst
-                moved = True
-                budget -= 1
+def _chain(
+    result: Assignment, eligible: Mapping[str, list[str]], src: str
+) -> list[tuple[TopicPartition, str, str]] | None:
+    """The shortest chain of moves from ``src`` to a member holding ≤ len(src) - 2 (BFS)."""
+    goal = len(result[src]) - 2
+    if goal < 0:
+        return None
+    came_from: dict[str, tuple[TopicPartition, str] | None] = {src: None}
+    frontier = [src]
+    while frontier:
+        nxt: list[str] = []
+        for giver in frontier:
+            by_topic: dict[str, TopicPartition] = {}
+            for tp in result[giver]:
+                if tp[0] not in by_topic or tp > by_topic[tp[0]]:
+                    by_topic[tp[0]] = tp  # move the highest partition of each topic
+            for topic in sorted(by_topic):
+                for taker in eligible[topic]:
+                    if taker in came_from:
+                        continue
+                    came_from[taker] = (by_topic[topic], giver)
+                    if len(result[taker]) <= goal:
+                        return _unwind(came_from, taker)
+                    nxt.append(taker)
+        frontier = nxt
+    return None
+
+
+def _unwind(
+    came_from: dict[str, tuple[TopicPartition, str] | None], end: str
+) -> list[tuple[TopicPartition, str, str]]:
+    path = []
+    node = end
+    while (step := came_from[node]) is not None:
+        tp, giver = step
+        path.append((tp, giver, node))
+        node = giver
+    return path[::-1]
 
 
 def moved_partitions(before: Mapping[str, Set[TopicPartition]], after: Assignment) -> int:

@@ -132,6 +132,7 @@ class Group:
                 f"group {self.group_id!r} has the maximum of {MAX_MEMBERS} members",
                 code=ErrorCode.GROUP_MAX_SIZE_REACHED,
             )
+        assert member_id not in self.members, "member ids are unique"
         member = Member(
             member_id=member_id,
             topics=topics,
@@ -154,8 +155,8 @@ class Group:
             self.target[member_id] = self.target.pop(old.member_id, set())
         if instance_id is not None:
             self._static[instance_id] = member_id
-        self._partition_counts.update(partition_counts)
-        if old is None or old.topics != topics:
+        counts_changed = self._apply_counts(partition_counts)
+        if old is None or old.topics != topics or counts_changed:
             self._rebalance()
         return self.reconcile(member_id, now_ms, ack=False)
 
@@ -222,22 +223,29 @@ class Group:
     def update_partitions(self, partition_counts: Mapping[str, int]) -> bool:
         """New partition counts for subscribed topics (a topic absent or 0 has none, e.g.
         deleted). Rebalances and returns True if anything changed."""
-        subscribed = self.subscribed_topics()
+        if not self._apply_counts(
+            {t: partition_counts.get(t, 0) for t in self.subscribed_topics()}
+        ):
+            return False
+        self._rebalance()
+        return True
+
+    def _apply_counts(self, partition_counts: Mapping[str, int]) -> bool:
+        """Record new partition counts; members drop partitions that no longer exist."""
         changed = {
-            t: partition_counts.get(t, 0)
-            for t in subscribed
-            if partition_counts.get(t, 0) != self._partition_counts.get(t, 0)
+            t: n for t, n in partition_counts.items() if n != self._partition_counts.get(t, 0)
         }
         if not changed:
             return False
         self._partition_counts.update(changed)
         for member in self.members.values():
             for tp in list(member.owned):
-                if tp[1] >= self._partition_counts.get(tp[0], 0):  # the topic is gone
+                if tp[1] >= self._partition_counts.get(tp[0], 0):  # the topic shrank or is gone
                     member.owned.discard(tp)
                     member.revoking.discard(tp)
                     member.positions.pop(tp, None)
-        self._rebalance()
+            if not member.revoking:
+                member.revoke_deadline_ms = None
         return True
 
     def subscribed_topics(self) -> set[str]:
@@ -346,6 +354,7 @@ class Group:
             assert m.revoking <= m.owned, (m.member_id, m.revoking, m.owned)
             for tp in m.owned:
                 assert tp not in seen, f"{tp} owned by {seen[tp]} and {m.member_id}"
+                assert tp[1] < self._partition_counts.get(tp[0], 0), f"{tp} does not exist"
                 seen[tp] = m.member_id
 
 
