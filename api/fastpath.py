@@ -128,7 +128,7 @@ def _wants_sse(scope: Scope) -> bool:
     """SSE streams are served by the FastAPI route (a streaming response)."""
     for k, v in scope["headers"]:
         if k == b"accept":
-            return b"text/event-stream" in v
+            return b"text/event-stream" in v.lower()
     return False
 
 

@@ -102,7 +102,7 @@ class OffsetCommit(BaseModel):
     offsets: list[OffsetIn] = Field(min_length=1, max_length=MAX_OFFSETS_PER_COMMIT)
 
 
-class OffsetPublic(BaseModel):
+class CommittedOffsetPublic(BaseModel):
     topic: str
     partition: int
     offset: int
@@ -122,7 +122,7 @@ class GroupOffsets(BaseModel):
         }
     )
     group: str
-    offsets: list[OffsetPublic]
+    offsets: list[CommittedOffsetPublic]
 
 
 class OffsetReset(BaseModel):
@@ -169,7 +169,43 @@ class MemberPublic(BaseModel):
     departed: bool = Field(description="a static member that left and may come back")
 
 
+_MEMBER_EXAMPLE: dict[str, Any] = {
+    "member_id": "5f0c…",
+    "instance_id": None,
+    "client_id": "app",
+    "member_epoch": 3,
+    "topics": ["orders"],
+    "assignment": [_TP],
+    "revoking": [],
+    "target": [_TP],
+    "departed": False,
+}
+
+
 class GroupDetail(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "group": "billing",
+                    "state": "stable",
+                    "group_epoch": 3,
+                    "members": [_MEMBER_EXAMPLE],
+                    "offsets": [
+                        {
+                            **_TP,
+                            "committed_offset": 40,
+                            "metadata": "",
+                            "log_end_offset": 42,
+                            "lag": 2,
+                            "member_id": "5f0c…",
+                        }
+                    ],
+                    "lag": 2,
+                }
+            ]
+        }
+    )
     group: str
     state: Literal["empty", "reconciling", "stable"]
     group_epoch: int
@@ -186,4 +222,11 @@ class GroupSummary(BaseModel):
 
 
 class GroupList(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"groups": [{"group": "billing", "state": "stable", "members": 2, "lag": 2}]}
+            ]
+        }
+    )
     groups: list[GroupSummary]

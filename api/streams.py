@@ -27,7 +27,7 @@ from cluster.broker import Broker
 from cluster.coordinator import Coordinator, Fetched
 from cluster.group import Reconciled
 from core_log.batch import Record
-from core_log.errors import LogbusError
+from core_log.errors import LogbusError, OffsetOutOfRangeError
 
 from .problems import bad_request, problem_body
 from .records import JSON, NDJSON, Reply, decode_from, int_param, media_type
@@ -173,8 +173,13 @@ def sse_event(event: str, doc: Any) -> bytes:
 async def partition_sse(
     broker: Broker, topic: str, partition: int, offset: int, max_records: int
 ) -> AsyncIterator[bytes]:
-    """Records of one partition from ``offset``, forever (until the partition goes away)."""
-    broker.partition(topic, partition)  # unknown topic: a 404 before the stream starts
+    """Records of one partition from ``offset``, forever (until the partition goes away).
+    An unknown partition (404) or an offset outside the log (416) raise before the first
+    yield, so they are answered as errors — an EventSource stops on those, where it would
+    reconnect to a stream that merely ended."""
+    p = broker.partition(topic, partition)
+    if not p.log_start_offset <= offset <= p.high_watermark:
+        raise OffsetOutOfRangeError(offset, p.log_start_offset, p.high_watermark)
     yield b"retry: %d\n\n" % SSE_RETRY_MS
     while True:
         try:
@@ -210,7 +215,7 @@ async def member_sse(
     while True:
         try:
             reconciled, fetched = await coordinator.poll(
-                group_id, member_id, SSE_READ_BYTES, wait_ms
+                group_id, member_id, SSE_READ_BYTES, 0 if last is None else wait_ms
             )
         except LogbusError as e:
             yield sse_event("error", problem_body(e))

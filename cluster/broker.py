@@ -45,6 +45,7 @@ MAX_PARTITIONS_PER_TOPIC = 10_000
 _TRANSACTIONAL_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 BROKER_LEASE_MS = 30_000
 OFFSETS_TOPIC = "__consumer_offsets"  # committed offsets, written by cluster.coordinator only
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
 
 
 class Acks(enum.Enum):
@@ -338,7 +339,7 @@ class Broker:
 
 
 def _check_not_internal(topic: str) -> None:
-    if topic == OFFSETS_TOPIC:
+    if topic in INTERNAL_TOPICS:
         raise LogbusError(
             f"{OFFSETS_TOPIC} is internal: the group coordinator alone writes and deletes it",
             code=ErrorCode.INVALID_TOPIC_EXCEPTION,

@@ -48,6 +48,7 @@ MAX_OFFSETS_PER_COMMIT = 10_000
 MAX_METADATA_CHARS = 4_096  # Kafka's offset.metadata.max.bytes
 LOAD_READ_BYTES = 1024 * 1024
 EXPIRY_TICK_MS = 1_000  # the longest the expiry task sleeps
+IDLE_GROUP_KEPT_MS = 600_000  # an empty group without offsets is forgotten after this long
 _GROUP_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
@@ -94,6 +95,7 @@ class Coordinator:
         self._poll_cursor: dict[str, int] = {}
         self._loaded_ms = 0
         self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Future[None]] = set()  # tombstone writes in flight
         self._wake = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -117,6 +119,7 @@ class Coordinator:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for event in self._events.values():
             event.set()
 
@@ -224,8 +227,19 @@ class Coordinator:
         self._changed(group_id)
         return reconciled
 
+    def _member_group(self, group_id: str, member_id: str) -> Group:
+        """The group of a member call: an unknown group means an unknown member."""
+        validate_group_id(group_id)
+        group = self.groups.get(group_id)
+        if group is None:
+            raise LogbusError(
+                f"group {group_id!r} has no member {member_id!r}; join again",
+                code=ErrorCode.UNKNOWN_MEMBER_ID,
+            )
+        return group
+
     def heartbeat(self, group_id: str, member_id: str, *, ack: bool = True) -> Reconciled:
-        group = self._group(group_id)
+        group = self._member_group(group_id, member_id)
         before = group.epoch
         reconciled = group.reconcile(member_id, self.clock.now_ms(), ack=ack)
         if reconciled.released or group.epoch != before:
@@ -233,16 +247,27 @@ class Coordinator:
         return reconciled
 
     def leave(self, group_id: str, member_id: str, *, permanent: bool = False) -> None:
-        group = self._group(group_id)
+        group = self._member_group(group_id, member_id)
         group.leave(member_id, self.clock.now_ms(), permanent=permanent)
         self._changed(group_id)
 
     def member(self, group_id: str, member_id: str) -> Member:
-        return self._group(group_id).member(member_id)
+        return self._member_group(group_id, member_id).member(member_id)
 
     def _topics_changed(self) -> None:
-        """The broker added partitions or deleted a topic: rebalance the groups that care."""
+        """The broker added partitions or deleted a topic: rebalance the groups that care, and
+        drop committed offsets of deleted topics (a topic created again under the same name
+        starts from its own beginning, not from the old topic's offsets)."""
         names = {t.name for t in self.broker.topics()}
+        orphans = {
+            group_id: {tp: None for tp in offsets if tp[0] not in names}
+            for group_id, offsets in self._offsets.items()
+        }
+        for group_id, gone in orphans.items():
+            if gone:
+                for tp in gone:  # forgotten at once; the tombstones follow
+                    self._offsets[group_id].pop(tp, None)
+                self._background(self._write(group_id, dict(gone)))
         for group in self.groups.values():
             counts = {
                 t: self.broker.topic(t).partitions if t in names else 0
@@ -250,6 +275,11 @@ class Coordinator:
             }
             if group.update_partitions(counts):
                 self._changed(group.group_id)
+
+    def _background(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _expiry_loop(self) -> None:
         while True:
@@ -260,7 +290,7 @@ class Coordinator:
                     log.info("group %s: members %s timed out", group.group_id, gone)
                     self._changed(group.group_id)
                 if not group.members:
-                    self._forget_if_idle(group)
+                    self._forget_if_idle(group, now)
             await self._expire_offsets(now)
             deadlines = [d for g in self.groups.values() if (d := g.next_deadline_ms()) is not None]
             sleep_ms = min([EXPIRY_TICK_MS, *(d - now + 1 for d in deadlines)])
@@ -269,9 +299,15 @@ class Coordinator:
                 async with asyncio.timeout(max(sleep_ms, 1) / 1000):
                     await self._wake.wait()
 
-    def _forget_if_idle(self, group: Group) -> None:
-        """An empty group with no offsets holds nothing worth keeping."""
-        if group.group_id not in self._offsets and not self._lock(group.group_id).locked():
+    def _forget_if_idle(self, group: Group, now_ms: int) -> None:
+        """An empty group with no offsets holds nothing worth keeping once its fenced members
+        have had time to hear that they were fenced."""
+        idle_ms = now_ms - (group.empty_since_ms or now_ms)
+        if (
+            idle_ms >= IDLE_GROUP_KEPT_MS
+            and group.group_id not in self._offsets
+            and not self._lock(group.group_id).locked()
+        ):
             del self.groups[group.group_id]
             self._locks.pop(group.group_id, None)
             self._poll_cursor.pop(group.group_id, None)
@@ -425,13 +461,16 @@ class Coordinator:
         A poll keeps the member's session alive but does not acknowledge revocations."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
+        first: Reconciled | None = None
         while True:
             event = self.event(group_id)
             reconciled = self.heartbeat(group_id, member_id, ack=False)
+            first = first or reconciled
             member = self.member(group_id, member_id)
             fetched = await self._read(group_id, member, sorted(reconciled.assigned), max_bytes)
             remaining = deadline - loop.time()
-            if fetched or remaining <= 0:
+            moved = (reconciled.assigned, reconciled.revoking) != (first.assigned, first.revoking)
+            if fetched or remaining <= 0 or moved:
                 return reconciled, fetched
             waits: list[Any] = [event.wait()]
             for tp in reconciled.assigned:

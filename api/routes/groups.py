@@ -17,6 +17,7 @@ from core_log.errors import ErrorCode, LogbusError
 
 from .. import streams
 from ..group_schemas import (
+    CommittedOffsetPublic,
     GroupDetail,
     GroupList,
     GroupOffsets,
@@ -24,7 +25,6 @@ from ..group_schemas import (
     MemberAssignment,
     MemberJoin,
     OffsetCommit,
-    OffsetPublic,
     OffsetReset,
 )
 from ..problems import bad_request
@@ -170,7 +170,7 @@ def _offsets(
     return GroupOffsets(
         group=group,
         offsets=[
-            OffsetPublic(
+            CommittedOffsetPublic(
                 topic=t, partition=p, offset=c.offset, metadata=c.metadata, commit_ms=c.commit_ms
             )
             for (t, p), c in sorted(committed.items())

@@ -92,9 +92,11 @@ _FETCH_CONTENT: dict[int | str, dict[str, Any]] = {
             records.NDJSON: {"schema": {"type": "string"}},
             records.BATCH: {"schema": {"type": "string", "format": "binary"}},
             streams.SSE: {
-                "schema": {"type": "string"},
-                "description": "Server-Sent Events, one per record, id = next offset; resumes "
-                "from Last-Event-ID",
+                "schema": {
+                    "type": "string",
+                    "description": "Server-Sent Events, one per record, id = next offset; "
+                    "resumes from Last-Event-ID",
+                },
             },
         },
     }

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from cluster.broker import Broker
+from cluster.broker import INTERNAL_TOPICS, Broker
 from cluster.metadata import TopicMeta
 from core_log.config import LogConfig
 
@@ -76,9 +76,14 @@ async def create_topic(body: TopicCreate, broker: BrokerDep, response: Response)
     return _public(t)
 
 
-@router.get("", summary="List topics")
-async def list_topics(broker: BrokerDep) -> TopicList:
-    return TopicList(topics=[_public(t) for t in broker.topics()])
+@router.get("", summary="List topics (internal ones such as __consumer_offsets on request)")
+async def list_topics(
+    broker: BrokerDep,
+    internal: Annotated[bool, Query(description="include internal topics")] = False,
+) -> TopicList:
+    return TopicList(
+        topics=[_public(t) for t in broker.topics() if internal or t.name not in INTERNAL_TOPICS]
+    )
 
 
 @router.get("/{topic}", summary="Describe a topic and its partitions", responses=errors(404))
