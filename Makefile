@@ -7,7 +7,7 @@ DATA_DIR ?= ./logbus-data
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run test test-slow lint typecheck bench bench-storage clean
+.PHONY: run test test-slow lint typecheck browser bench bench-storage clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,8 +27,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) lint typecheck browser
 	$(BIN)/pytest -m "not slow" -q
+
+# The browser test (EventSource and WebSocket in headless Chromium) needs Debian's chromium;
+# without root or apt it skips and says why.
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+		|| echo "chromium could not be installed: tests/api/test_browser.py will skip"
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow -q

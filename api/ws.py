@@ -72,6 +72,7 @@ class Session:
         )
         self.changed = asyncio.Event()
         self.stalled_sent = False
+        self.blocked: set[TopicPartition] = set()  # stalled or failed: not waited on
         self._cursor = 0
         self._pending_notes: list[
             tuple[int, frozenset[TopicPartition], frozenset[TopicPartition]]
@@ -125,7 +126,7 @@ class Session:
             try:
                 await self._handle(msg)
             except LogbusError as e:
-                await self.send({"type": "error", "id": msg.id, **problem_body(e)})
+                await self.send({**problem_body(e), "type": "error", "id": msg.id})
 
     async def _error(self, msg_id: int | str | None, code: ErrorCode, detail: str) -> None:
         await self.send(
@@ -142,6 +143,7 @@ class Session:
         if isinstance(msg, proto.Credit):
             self.credit.grant(msg.records, msg.bytes)
             self.stalled_sent = False
+            self.blocked.clear()
             self.changed.set()
         elif isinstance(msg, proto.Subscribe):
             await self._subscribe(msg)
@@ -341,9 +343,25 @@ class Session:
                 timeout = min(timeout, member.session_timeout_ms / 3000)
             if self.credit.open:
                 for tp in sources:
-                    p = self.broker.partition(*tp)
-                    waits.append(p.wait_for(self._position(tp), timeout))
+                    if tp in self.blocked:
+                        continue  # waits for credit (stalled) or for good (failed)
+                    try:
+                        p = self.broker.partition(*tp)
+                        waits.append(p.wait_for(self._position(tp), timeout))
+                    except LogbusError as e:
+                        await self._source_failed(tp, e)
             await first_of(waits, timeout)
+
+    async def _source_failed(self, tp: TopicPartition, e: LogbusError) -> None:
+        """A partition that cannot be read (deleted, no position): say so once; an explicit
+        subscription drops it, a member waits for its reassignment."""
+        if tp not in self.blocked:
+            self.blocked.add(tp)
+            await self.send(
+                {**problem_body(e), "type": "error", "topic": tp[0], "partition": tp[1]}
+            )
+        if self.group is None:
+            self.positions.pop(tp, None)
 
     async def _push_round(self, sources: list[TopicPartition]) -> int:
         """One pass over the sources from a rotating start; returns records sent."""
@@ -353,22 +371,17 @@ class Session:
         for tp in sources[start:] + sources[:start]:
             if not self.credit.open:
                 break
-            try:
-                pos = self._position(tp)
-                p = self.broker.partition(*tp)
-            except LogbusError:
-                continue  # deleted meanwhile; a member hears of it by reassignment
-            if pos >= p.high_watermark:
+            if tp in self.blocked:
                 continue
             budget = READ_BYTES if self.credit.bytes is None else min(READ_BYTES, self.credit.bytes)
             try:
+                pos = self._position(tp)
+                p = self.broker.partition(*tp)
+                if pos >= p.high_watermark:
+                    continue
                 result = await p.read(pos, max(budget, 1))
             except LogbusError as e:
-                await self.send(
-                    {"type": "error", "topic": tp[0], "partition": tp[1], **problem_body(e)}
-                )
-                if self.group is None:
-                    self.positions.pop(tp, None)
+                await self._source_failed(tp, e)
                 continue
             if self.format == "binary":
                 sent += await self._send_binary(tp, pos, result.data, result.high_watermark)
@@ -433,7 +446,9 @@ class Session:
         return count
 
     async def _stalled(self, tp: TopicPartition, needed_records: int, needed_bytes: int) -> None:
-        """The credit left cannot carry the next frame: say so once per grant."""
+        """The credit left cannot carry the next frame: say so once per grant, and stop
+        reading the partition until the next grant."""
+        self.blocked.add(tp)
         if not self.stalled_sent:
             self.stalled_sent = True
             await self.send(

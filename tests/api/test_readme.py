@@ -132,6 +132,16 @@ def test_readme_curl_walkthrough(shared_broker: BrokerProcess) -> None:
         assert "clicks" in [t["name"] for t in listed["topics"]]
         assert described["partitions"] == 6 and len(described["partition_details"]) == 6
 
+    def groups(docs: list[Any], _: str) -> None:
+        polled, committed, described = docs
+        assert len(polled["assignment"]) == 6
+        got = sorted(values(polled["records"]), key=str)
+        assert sorted(["a", "b", "late", {"page": "/home"}, {"page": "/cart"}], key=str) == got
+        assert committed["offsets"][0]["offset"] == 3
+        assert described["state"] == "stable" and len(described["members"]) == 1
+        (p0,) = [o for o in described["offsets"] if o["committed_offset"] is not None]
+        assert p0["lag"] == keyed_on_0 + 3 - 3
+
     def errors(docs: list[Any], _: str) -> None:
         (problem,) = docs
         assert problem["code"] == "OFFSET_OUT_OF_RANGE" and problem["status"] == 416
@@ -164,6 +174,7 @@ def test_readme_curl_walkthrough(shared_broker: BrokerProcess) -> None:
         "Offsets by position or by time": offsets,
         "Change a config": configs,
         "Add partitions": topics,
+        "Consumer groups": groups,
         "Errors are": errors,
         "Health": health,
         "Delete the topic": delete,
