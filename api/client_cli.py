@@ -66,7 +66,7 @@ class CliError(Exception):
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``topics``, ``produce``, ``consume`` and ``bench`` on ``logbus``."""
+    """Register ``topics``, ``groups``, ``produce``, ``consume`` and ``bench`` on ``logbus``."""
     conn = argparse.ArgumentParser(add_help=False)
     conn.add_argument(
         "--url",
@@ -84,6 +84,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     as_json.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     _add_topics(sub, [conn, as_json])
+    from .groups_cli import add_groups
+
+    add_groups(sub, [conn, as_json])
     _add_produce(sub, [conn])
     _add_consume(sub, [conn])
     _add_bench(sub)

@@ -350,3 +350,39 @@ def test_from_positions_parse() -> None:
     for bad in ("soon", "@x", "@-1", "1969-12-31T00:00:00Z"):
         with pytest.raises(argparse.ArgumentTypeError):
             _start_position(bad)
+
+
+def test_groups_list_describe_reset_delete(server: BrokerProcess, http: httpx.Client) -> None:
+    assert http.post("/v1/topics", json={"name": "cg", "partitions": 2}).status_code == 201
+    http.post(
+        "/v1/topics/cg/partitions/0/records", json={"records": [{"value": i} for i in range(5)]}
+    )
+    member = http.post(
+        "/v1/groups/ops/members", json={"topics": ["cg"], "auto_offset_reset": "earliest"}
+    ).json()
+    commit = {
+        "member_id": member["member_id"],
+        "generation": member["generation"],
+        "offsets": [{"topic": "cg", "partition": 0, "offset": 2}],
+    }
+    assert http.post("/v1/groups/ops/offsets", json=commit).status_code == 200
+
+    listed = logbus(server, "groups", "list")
+    assert listed.returncode == 0 and re.search(r"ops\s+stable\s+1\s+3", listed.stdout)
+    described = json.loads(logbus(server, "groups", "describe", "ops", "--json").stdout)
+    (p0,) = [o for o in described["offsets"] if o["partition"] == 0]
+    assert (p0["committed_offset"], p0["lag"]) == (2, 3)
+
+    busy = logbus(server, "groups", "reset", "ops", "--to", "earliest")
+    assert busy.returncode == 1 and "NON_EMPTY_GROUP" in busy.stderr
+    http.delete(f"/v1/groups/ops/members/{member['member_id']}")
+
+    to_offset = logbus(server, "groups", "reset", "ops", "--to", "cg:0:4", "--json")
+    assert json.loads(to_offset.stdout)["offsets"][0]["offset"] == 4
+    earliest = logbus(server, "groups", "reset", "ops", "--to", "earliest")
+    assert earliest.returncode == 0 and re.search(r"cg\s+1\s+0", earliest.stdout)
+    bad = logbus(server, "groups", "reset", "ops", "--to", "sideways")
+    assert bad.returncode == 2 and "--to" in bad.stderr
+
+    assert logbus(server, "groups", "delete", "ops").stdout.strip() == "deleted group ops"
+    assert http.get("/v1/groups/ops").status_code == 404
