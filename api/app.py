@@ -103,7 +103,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     await coordinator.start()
     state = AppState(
-        settings=settings, broker=broker, metrics=Metrics(broker), coordinator=coordinator
+        settings=settings,
+        broker=broker,
+        metrics=Metrics(broker, coordinator),
+        coordinator=coordinator,
     )
     app.state.logbus = state
     fast: FastPath | None = getattr(app.state, "fast_path", None)

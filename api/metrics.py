@@ -14,7 +14,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.broker import Broker
+from cluster.coordinator import Coordinator
 
+MAX_GROUPS_EXPORTED = 1_000  # a scrape stays bounded whatever the number of groups
 LATENCY_BUCKETS_S = (
     0.0005,
     0.001,
@@ -56,8 +58,34 @@ class _PartitionCollector(Collector):
         yield from (leo, hw, lso, size)
 
 
+class _GroupCollector(Collector):
+    """Per group: members and total lag; per committed partition: the lag (scrape time)."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        members = GaugeMetricFamily("logbus_group_members", "Group members", labels=["group"])
+        lag = GaugeMetricFamily(
+            "logbus_group_lag", "High watermark minus committed offset", labels=["group"]
+        )
+        plag = GaugeMetricFamily(
+            "logbus_group_partition_lag",
+            "Lag of a committed partition",
+            labels=["group", "topic", "partition"],
+        )
+        for group_id in self.coordinator.group_ids()[:MAX_GROUPS_EXPORTED]:
+            d = self.coordinator.describe(group_id)
+            members.add_metric([group_id], len(d["members"]))
+            lag.add_metric([group_id], d["lag"])
+            for o in d["offsets"]:
+                if o["lag"] is not None:
+                    plag.add_metric([group_id, o["topic"], str(o["partition"])], o["lag"])
+        yield from (members, lag, plag)
+
+
 class Metrics:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, coordinator: Coordinator | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -75,6 +103,8 @@ class Metrics:
         self.records_in = Counter("logbus_records_in", "Records produced", ["topic"], registry=r)
         self.records_out = Counter("logbus_records_out", "Records fetched", ["topic"], registry=r)
         r.register(_PartitionCollector(broker))
+        if coordinator is not None:
+            r.register(_GroupCollector(coordinator))
         self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self._topic_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
 

@@ -367,6 +367,10 @@ def test_groups_list_describe_reset_delete(server: BrokerProcess, http: httpx.Cl
     }
     assert http.post("/v1/groups/ops/offsets", json=commit).status_code == 200
 
+    metrics = http.get("/metrics").text
+    assert 'logbus_group_lag{group="ops"} 3.0' in metrics
+    assert 'logbus_group_members{group="ops"} 1.0' in metrics
+
     listed = logbus(server, "groups", "list")
     assert listed.returncode == 0 and re.search(r"ops\s+stable\s+1\s+3", listed.stdout)
     described = json.loads(logbus(server, "groups", "describe", "ops", "--json").stdout)
