@@ -18,7 +18,7 @@ Theory of operation
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -78,6 +78,7 @@ async def member_poll(
     member_id: str,
     query: Mapping[str, str],
     kind: str,
+    disconnected: Callable[[], Awaitable[bool]] | None = None,
 ) -> Reply:
     max_bytes = int_param(
         query, "max_bytes", settings.default_fetch_bytes, 1, settings.max_fetch_bytes
@@ -89,6 +90,8 @@ async def member_poll(
     member = coordinator.member(group_id, member_id)
     wait_ms = min(wait_ms, member.session_timeout_ms // 2)  # a poll must not outlive a session
     reconciled, fetched = await coordinator.poll(group_id, member_id, max_bytes, wait_ms)
+    if fetched and disconnected is not None and await disconnected():
+        fetched = []  # nobody to deliver to: leave the positions where they are
     out: list[dict[str, Any]] = []
     positions = []
     budget = max_records

@@ -123,7 +123,13 @@ async def poll(
         max_records = min(max_records or 1000, state.settings.max_fetch_records)
         return _sse(streams.member_sse(coordinator, group, member, max_records))
     reply = await streams.member_poll(
-        coordinator, state.settings, group, member, request.query_params, kind
+        coordinator,
+        state.settings,
+        group,
+        member,
+        request.query_params,
+        kind,
+        request.is_disconnected,
     )
     assert isinstance(reply.body, bytes)
     return Response(reply.body, reply.status, reply.headers, media_type=reply.content_type)
