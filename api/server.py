@@ -37,6 +37,7 @@ def serve(settings: Settings) -> int:
         limit_concurrency=10_000,
         backlog=2048,
         ws_max_size=settings.max_ws_message_bytes,
+        ws_per_message_deflate=settings.ws_compression,
     )
     _Server(config, app).run()
     return 0
