@@ -271,7 +271,7 @@ class Coordinator:
         for group in self.groups.values():
             counts = {
                 t: self.broker.topic(t).partitions if t in names else 0
-                for t in group.subscribed_topics()
+                for t in group.known_topics()
             }
             if group.update_partitions(counts):
                 self._changed(group.group_id)

@@ -223,9 +223,7 @@ class Group:
     def update_partitions(self, partition_counts: Mapping[str, int]) -> bool:
         """New partition counts for subscribed topics (a topic absent or 0 has none, e.g.
         deleted). Rebalances and returns True if anything changed."""
-        if not self._apply_counts(
-            {t: partition_counts.get(t, 0) for t in self.subscribed_topics()}
-        ):
+        if not self._apply_counts({t: partition_counts.get(t, 0) for t in self.known_topics()}):
             return False
         self._rebalance()
         return True
@@ -250,6 +248,12 @@ class Group:
 
     def subscribed_topics(self) -> set[str]:
         return {t for m in self.members.values() for t in m.topics}
+
+    def known_topics(self) -> set[str]:
+        """Subscribed topics and those of owned partitions (a member that changed its
+        subscription may still hold partitions of a topic it left)."""
+        owned = {tp[0] for m in self.members.values() for tp in m.owned}
+        return self.subscribed_topics() | owned
 
     def _rebalance(self) -> None:
         self.epoch += 1
