@@ -47,5 +47,13 @@ bench: $(STAMP)
 bench-storage: $(STAMP)
 	$(BIN)/python -m benchmarks.storage
 
+bench-spark: $(STAMP)
+	$(BIN)/python -m benchmarks.spark --json docs/bench-spark.json
+
+# The click-stream example against a running broker (make run): produce, then count.
+example-spark: $(STAMP)
+	$(BIN)/python -m examples.clickstream.produce_clicks --url http://$(HOST):$(PORT)
+	$(BIN)/python -m examples.clickstream.pipeline --url http://$(HOST):$(PORT) --available-now
+
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

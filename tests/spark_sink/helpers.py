@@ -1,0 +1,34 @@
+"""Shared by the Spark connector tests: topics and records on the test broker."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import httpx
+
+_names = itertools.count()
+
+
+def new_topic(http: httpx.Client, prefix: str, partitions: int, **configs: Any) -> str:
+    name = f"{prefix}-{next(_names)}"
+    r = http.post("/v1/topics", json={"name": name, "partitions": partitions, "configs": configs})
+    assert r.status_code == 201, r.text
+    return name
+
+
+def produce(http: httpx.Client, topic: str, records: list[dict[str, Any]]) -> list[dict[str, int]]:
+    """Produce in requests of at most 50,000 records; the offsets in request order."""
+    offsets: list[dict[str, int]] = []
+    for i in range(0, len(records), 50_000):
+        r = http.post(f"/v1/topics/{topic}/records", json={"records": records[i : i + 50_000]})
+        assert r.status_code == 200, r.text
+        offsets.extend(r.json()["offsets"])
+    return offsets
+
+
+def high_watermarks(http: httpx.Client, topic: str) -> dict[int, int]:
+    return {
+        p["partition"]: p["high_watermark"]
+        for p in http.get(f"/v1/topics/{topic}/partitions").json()
+    }
