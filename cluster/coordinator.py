@@ -374,7 +374,9 @@ class Coordinator:
                 key=orjson.dumps(["offset", group_id, t, p]),
                 value=None
                 if c is None
-                else orjson.dumps({"offset": c.offset, "metadata": c.metadata, "commit_ms": now}),
+                else orjson.dumps(
+                    {"offset": c.offset, "metadata": c.metadata, "commit_ms": c.commit_ms}
+                ),
                 timestamp=now,
             )
             for (t, p), c in sorted(offsets.items())
