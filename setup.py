@@ -9,5 +9,6 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("core_log._recordscan", ["core_log/_recordscan.c"], optional=True),
+        Extension("core_log._recordjson", ["core_log/_recordjson.c"], optional=True),
     ]
 )

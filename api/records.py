@@ -38,12 +38,12 @@ from core_log.batch import (
 )
 from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
 from core_log.log import AppendResult
+from core_log.recordjson import encode_json
 
 from .problems import bad_request, payload_too_large, unsupported_media_type
 from .records_codec import (
     parse_json_body,
     parse_ndjson_lines,
-    record_to_json,
     too_many_records,
 )
 from .settings import Settings
@@ -515,22 +515,27 @@ async def fetch(
         count = sum(h.record_count for _, h in scan_batches(result.data))
         headers = _position_headers(next_offset, hw, result)
         return Reply(200, result.data, BATCH, headers, count, len(result.data))
-    records = decode_from(result.data, offset, max_records)
-    next_offset = records[-1].offset + 1 if records else offset
-    if records and len(records) < max_records:
+    if kind == NDJSON:
+        body, count, last = encode_json(result.data, offset, max_records, sep=b"\n")
+    else:
+        body, count, last = encode_json(result.data, offset, max_records)
+    next_offset = last + 1 if count else offset
+    if count and count < max_records:
         next_offset = max(next_offset, result.next_offset)
     headers = _position_headers(next_offset, hw, result)
     if kind == NDJSON:
-        body = b"".join(orjson.dumps(record_to_json(r)) + b"\n" for r in records)
-        return Reply(200, body, NDJSON, headers, len(records), len(result.data))
-    doc = {
-        "records": [record_to_json(r) for r in records],
-        "next_offset": next_offset,
-        "high_watermark": hw,
-        "log_start_offset": result.log_start_offset,
-        "lag": max(0, hw - next_offset),
-    }
-    return Reply(200, orjson.dumps(doc), JSON, headers, len(records), len(result.data))
+        body = body + b"\n" if count else body
+        return Reply(200, body, NDJSON, headers, count, len(result.data))
+    tail = orjson.dumps(
+        {
+            "next_offset": next_offset,
+            "high_watermark": hw,
+            "log_start_offset": result.log_start_offset,
+            "lag": max(0, hw - next_offset),
+        }
+    )
+    doc = b'{"records":[' + body + b"]," + tail[1:]
+    return Reply(200, doc, JSON, headers, count, len(result.data))
 
 
 def decode_from(data: bytes, offset: int, max_records: int) -> list[Record]:

@@ -25,6 +25,7 @@ import orjson
 
 from core_log.batch import Record
 from core_log.errors import ErrorCode, LogbusError
+from core_log.recordjson import one_line
 
 from .problems import bad_request
 
@@ -177,7 +178,8 @@ def record_to_json(r: Record) -> dict[str, Any]:
     if r.value is None:
         out["value"] = None
     elif _is_json(r.value):
-        out["value"] = orjson.Fragment(r.value)  # already JSON text: embedded, not re-encoded
+        # already JSON text: embedded, not re-encoded (line breaks, whitespace there, made spaces)
+        out["value"] = orjson.Fragment(one_line(r.value))
     else:
         out["value_b64"] = base64.b64encode(r.value).decode()
     if r.headers:

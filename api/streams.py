@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 * **Member poll** (``GET /v1/groups/{g}/members/{m}/records``): the coordinator reads from the
   member's assigned partitions, from its positions (:meth:`Coordinator.poll`); this module
-  decodes at most ``max_records``, moves the positions to just past what it returns, and
-  answers JSON or NDJSON with the member's assignment, so a client learns of a rebalance from
-  the poll it is waiting on anyway.
+  encodes at most ``max_records`` as JSON (:func:`core_log.recordjson.encode_json`, in C),
+  moves the positions to just past what it returns, and answers JSON or NDJSON with the
+  member's assignment, so a client learns of a rebalance from the poll it is waiting on anyway.
 * **SSE** (``Accept: text/event-stream``): an endless response of ``id:``/``data:`` events,
   one per record, ``id`` being the *next* offset. A browser's ``EventSource`` sends the last id
   back as ``Last-Event-ID`` when it reconnects, and the stream resumes there — no record lost
@@ -28,6 +28,7 @@ from cluster.coordinator import Coordinator, Fetched
 from cluster.group import Reconciled
 from core_log.batch import Record
 from core_log.errors import LogbusError, OffsetOutOfRangeError
+from core_log.recordjson import encode_json
 
 from .problems import bad_request, problem_body
 from .records import JSON, NDJSON, Reply, decode_from, int_param, media_type
@@ -41,13 +42,26 @@ SSE_RETRY_MS = 1_000
 
 
 def _taken(f: Fetched, max_records: int) -> tuple[list[Record], int]:
-    """The records of ``f`` to send and the offset after them."""
+    """The records of ``f`` to send and the offset after them (the SSE streams)."""
     records = decode_from(f.result.data, f.offset, max_records)
-    if records and len(records) < max_records:
-        return records, max(records[-1].offset + 1, f.result.next_offset)
-    if records:
-        return records, records[-1].offset + 1
-    return records, max(f.offset, f.result.next_offset)  # a gap (compaction): skip it
+    last = records[-1].offset if records else -1
+    return records, _next_offset(f, len(records), last, max_records)
+
+
+def _taken_json(f: Fetched, max_records: int, sep: bytes) -> tuple[bytes, int, int]:
+    """The records of ``f`` to send as JSON objects joined by ``sep`` (each with its topic and
+    partition), how many, and the offset after them."""
+    extra = b',"topic":%s,"partition":%d' % (orjson.dumps(f.topic), f.partition)
+    body, count, last = encode_json(f.result.data, f.offset, max_records, extra=extra, sep=sep)
+    return body, count, _next_offset(f, count, last, max_records)
+
+
+def _next_offset(f: Fetched, count: int, last: int, max_records: int) -> int:
+    if count and count < max_records:
+        return max(last + 1, f.result.next_offset)
+    if count:
+        return last + 1
+    return max(f.offset, f.result.next_offset)  # a gap (compaction): skip it
 
 
 def assignment_doc(r: Reconciled, heartbeat_interval_ms: int) -> dict[str, Any]:
@@ -92,20 +106,20 @@ async def member_poll(
     reconciled, fetched = await coordinator.poll(group_id, member_id, max_bytes, wait_ms)
     if fetched and disconnected is not None and await disconnected():
         fetched = []  # nobody to deliver to: leave the positions where they are
-    out: list[dict[str, Any]] = []
+    sep = b"\n" if kind == NDJSON else b","
+    bodies: list[bytes] = []
+    count = 0
     positions = []
     budget = max_records
     for f in fetched:
         if budget <= 0:
             break
-        records, next_offset = _taken(f, budget)
-        budget -= len(records)
+        body, taken, next_offset = _taken_json(f, budget, sep)
+        budget -= taken
+        count += taken
         coordinator.advance(group_id, member_id, (f.topic, f.partition), next_offset)
-        for r in records:
-            doc = record_to_json(r)
-            doc["topic"] = f.topic
-            doc["partition"] = f.partition
-            out.append(doc)
+        if taken:
+            bodies.append(body)
         hw = f.result.high_watermark
         positions.append(
             {
@@ -121,15 +135,11 @@ async def member_poll(
     if reconciled.revoking:
         headers["Logbus-Rebalance"] = "revoking"
     if kind == NDJSON:
-        body = b"".join(orjson.dumps(d) + b"\n" for d in out)
-        return Reply(200, body, NDJSON, headers, len(out), len(body))
-    doc = {
-        "records": out,
-        "positions": positions,
-        **assignment_doc(reconciled, interval),
-    }
-    body = orjson.dumps(doc)
-    return Reply(200, body, JSON, headers, len(out), len(body))
+        body = b"".join(b + b"\n" for b in bodies)
+        return Reply(200, body, NDJSON, headers, count, len(body))
+    tail = orjson.dumps({"positions": positions, **assignment_doc(reconciled, interval)})
+    body = b'{"records":[' + b",".join(bodies) + b"]," + tail[1:]
+    return Reply(200, body, JSON, headers, count, len(body))
 
 
 # -- SSE -----------------------------------------------------------------------------------------

@@ -33,11 +33,11 @@ from cluster.assignor import TopicPartition
 from cluster.coordinator import first_of
 from core_log.batch import scan_batches
 from core_log.errors import ErrorCode, LogbusError, UnknownTopicOrPartitionError
+from core_log.recordjson import encode_json
 
 from . import records
 from . import ws_protocol as proto
 from .problems import problem_body
-from .records_codec import record_to_json
 from .state import AppState
 
 log = logging.getLogger("logbus.ws")
@@ -401,37 +401,32 @@ class Session:
 
     async def _send_json(self, tp: TopicPartition, pos: int, result: Any, hw: int) -> int:
         limit = min(self.credit.records, MAX_RECORDS_PER_FRAME)
-        recs = records.decode_from(result.data, pos, limit)
-        if not recs:
+        body, count, last = encode_json(result.data, pos, limit)
+        if not count:
             if result.next_offset > pos:
                 self._advance(tp, result.next_offset)  # a compacted gap
             return 0
-        complete = len(recs) < limit  # everything read was decoded
+        complete = count < limit  # everything read was encoded
+        head = b'{"type":"records","topic":%s,"partition":%d,"records":[' % (
+            orjson.dumps(tp[0]),
+            tp[1],
+        )
         while True:
-            next_offset = recs[-1].offset + 1
+            next_offset = last + 1
             if complete:
                 next_offset = max(next_offset, result.next_offset)
-            frame = orjson.dumps(
-                {
-                    "type": "records",
-                    "topic": tp[0],
-                    "partition": tp[1],
-                    "records": [record_to_json(r) for r in recs],
-                    "next_offset": next_offset,
-                    "high_watermark": hw,
-                }
-            )
-            if self.credit.fits(len(recs), len(frame)):
+            frame = b'%s%s],"next_offset":%d,"high_watermark":%d}' % (head, body, next_offset, hw)
+            if self.credit.fits(count, len(frame)):
                 break
-            if len(recs) == 1:
+            if count == 1:
                 await self._stalled(tp, 1, len(frame))
                 return 0
-            recs = recs[: len(recs) // 2]
+            body, count, last = encode_json(result.data, pos, count // 2)
             complete = False
-        self.credit.use(len(recs), len(frame))
+        self.credit.use(count, len(frame))
         self._advance(tp, next_offset)
         await self.ws.send_text(frame.decode())
-        return len(recs)
+        return count
 
     async def _send_binary(self, tp: TopicPartition, pos: int, data: bytes, hw: int) -> int:
         overhead = len(proto.binary_frame(tp[0], tp[1], b""))

@@ -1,0 +1,646 @@
+/* The records section of a Kafka v2 batch -> JSON objects, one per record, in C.
+ *
+ * The Python twin and the wrapper are core_log/recordjson.py; read its docstring for the
+ * output format. This file does one thing: walk the records of one (decompressed) section,
+ * exactly as core_log.batch.decode_records_of does, and write for each record at or after
+ * ``start_offset`` (at most ``max_records``) the bytes orjson.dumps would write for
+ * api.records_codec.record_to_json(record) with ``extra`` appended inside the object.
+ *
+ * Every read is checked against the section's end; a record that lies about its lengths
+ * raises CorruptRecordError. The walk runs without the GIL: it touches no Python object,
+ * writes into a raw-malloc'd buffer and reports errors as a static message.
+ *
+ * The JSON validator (is a value embedded raw, or sent as base64?) is strict RFC 8259:
+ * iterative, nesting limited to MAX_DEPTH, UTF-8 validated, no NaN/Infinity, lone surrogate
+ * escapes rejected, whitespace around the value allowed, nothing after it.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 512
+#define MAX_HEADERS_PER_RECORD 1024
+#define MAX_HEADER_KEY_BYTES (64 * 1024)
+
+static PyObject *corrupt_error; /* core_log.errors.CorruptRecordError */
+
+/* -- output buffer ------------------------------------------------------------------------ */
+
+typedef struct {
+    char *p;
+    size_t len;
+    size_t cap;
+    int oom;
+} out_t;
+
+static int out_reserve(out_t *o, size_t extra) {
+    if (o->oom) return -1;
+    if (extra <= o->cap - o->len) return 0;
+    size_t need = o->len + extra;
+    if (need < o->len) { o->oom = 1; return -1; }
+    size_t cap = o->cap ? o->cap : 4096;
+    while (cap < need) {
+        if (cap > SIZE_MAX / 2) { cap = need; break; }
+        cap *= 2;
+    }
+    char *p = PyMem_RawRealloc(o->p, cap);
+    if (p == NULL) { o->oom = 1; return -1; }
+    o->p = p;
+    o->cap = cap;
+    return 0;
+}
+
+static inline int out_put(out_t *o, const void *src, size_t n) {
+    if (out_reserve(o, n) < 0) return -1;
+    memcpy(o->p + o->len, src, n);
+    o->len += n;
+    return 0;
+}
+
+/* A valid JSON value embedded as it is, but with its line breaks made spaces: in valid JSON a
+ * raw CR or LF can only be whitespace between tokens (inside strings they must be escaped), so
+ * this changes no value, and one record stays one line of NDJSON and one SSE data line. */
+static int out_put_json(out_t *o, const char *src, size_t n) {
+    if (out_reserve(o, n) < 0) return -1;
+    char *dst = o->p + o->len;
+    memcpy(dst, src, n);
+    if (memchr(src, '\n', n) != NULL || memchr(src, '\r', n) != NULL) {
+        for (size_t i = 0; i < n; i++)
+            if (dst[i] == '\n' || dst[i] == '\r') dst[i] = ' ';
+    }
+    o->len += n;
+    return 0;
+}
+
+#define PUT_LIT(o, s) out_put((o), (s), sizeof(s) - 1)
+
+static int out_int(out_t *o, int64_t v) {
+    char tmp[24];
+    char *e = tmp + sizeof(tmp);
+    char *q = e;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        *--q = (char)('0' + (u % 10));
+        u /= 10;
+    } while (u);
+    if (v < 0) *--q = '-';
+    return out_put(o, q, (size_t)(e - q));
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* A JSON string of valid UTF-8 ``s``, escaped as orjson does: \" \\ \n \r \t \b \f, other
+ * control characters as \u00XX, everything else (DEL, non-ASCII) as it is. */
+static int out_string(out_t *o, const uint8_t *s, size_t n) {
+    if (n > (SIZE_MAX - 2) / 6 || out_reserve(o, n * 6 + 2) < 0) return -1;
+    char *w = o->p + o->len;
+    *w++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *w++ = (char)c;
+            continue;
+        }
+        *w++ = '\\';
+        switch (c) {
+        case '"': *w++ = '"'; break;
+        case '\\': *w++ = '\\'; break;
+        case '\n': *w++ = 'n'; break;
+        case '\r': *w++ = 'r'; break;
+        case '\t': *w++ = 't'; break;
+        case '\b': *w++ = 'b'; break;
+        case '\f': *w++ = 'f'; break;
+        default:
+            *w++ = 'u';
+            *w++ = '0';
+            *w++ = '0';
+            *w++ = HEX[c >> 4];
+            *w++ = HEX[c & 15];
+        }
+    }
+    *w++ = '"';
+    o->len = (size_t)(w - o->p);
+    return 0;
+}
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* A JSON string holding standard base64 (with padding) of ``s``: base64.b64encode. */
+static int out_b64(out_t *o, const uint8_t *s, size_t n) {
+    size_t groups = n / 3 + (n % 3 != 0);
+    if (groups > (SIZE_MAX - 2) / 4 || out_reserve(o, groups * 4 + 2) < 0) return -1;
+    char *w = o->p + o->len;
+    *w++ = '"';
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8) | s[i + 2];
+        *w++ = B64[v >> 18];
+        *w++ = B64[(v >> 12) & 63];
+        *w++ = B64[(v >> 6) & 63];
+        *w++ = B64[v & 63];
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)s[i] << 16;
+        *w++ = B64[v >> 18];
+        *w++ = B64[(v >> 12) & 63];
+        *w++ = '=';
+        *w++ = '=';
+    } else if (n - i == 2) {
+        uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8);
+        *w++ = B64[v >> 18];
+        *w++ = B64[(v >> 12) & 63];
+        *w++ = B64[(v >> 6) & 63];
+        *w++ = '=';
+    }
+    *w++ = '"';
+    o->len = (size_t)(w - o->p);
+    return 0;
+}
+
+/* -- UTF-8 and JSON validation ------------------------------------------------------------ */
+
+/* Length of the valid UTF-8 sequence at s[0] (s[0] >= 0x80), or 0: exactly the sequences
+ * Python's strict decoder accepts (no overlongs, no surrogates, nothing above U+10FFFF). */
+static inline size_t utf8_seq(const uint8_t *s, size_t avail) {
+    uint8_t c = s[0];
+    if (c >= 0xC2 && c <= 0xDF) {
+        return (avail >= 2 && (s[1] & 0xC0) == 0x80) ? 2 : 0;
+    }
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (avail < 3 || (s[2] & 0xC0) != 0x80) return 0;
+        uint8_t lo = 0x80, hi = 0xBF;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+        return (s[1] >= lo && s[1] <= hi) ? 3 : 0;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (avail < 4 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80) return 0;
+        uint8_t lo = 0x80, hi = 0xBF;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+        return (s[1] >= lo && s[1] <= hi) ? 4 : 0;
+    }
+    return 0;
+}
+
+static int utf8_valid(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        while (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (w & 0x8080808080808080ULL) break;
+            i += 8;
+        }
+        if (i >= n) break;
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k = utf8_seq(s + i, n - i);
+        if (k == 0) return 0;
+        i += k;
+    }
+    return 1;
+}
+
+/* The first position at or after i whose byte is a quote, a backslash, a control character
+ * or non-ASCII: everything before it is plain string text. 8 bytes at a time. */
+static inline size_t plain_run(const uint8_t *s, size_t i, size_t n) {
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    while (i + 8 <= n) {
+        uint64_t v;
+        memcpy(&v, s + i, 8);
+        uint64_t q = v ^ (ones * '"'), b = v ^ (ones * '\\');
+        /* (x - ones) & ~x & highs: some byte of x is 0; with 0x20s: some byte is below 0x20 */
+        if ((((q - ones) & ~q) | ((b - ones) & ~b) | ((v - ones * 0x20) & ~v) | v) & highs) break;
+        i += 8;
+    }
+    return i;
+}
+
+static inline size_t skip_ws(const uint8_t *s, size_t i, size_t n) {
+    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
+    return i;
+}
+
+static inline int hex4(const uint8_t *s, size_t i, size_t n, unsigned *out) {
+    if (n - i < 4) return 0;
+    unsigned v = 0;
+    for (int k = 0; k < 4; k++) {
+        uint8_t c = s[i + k];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
+        else return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* A string starting at s[i] == '"'; returns the position after it, or 0 if invalid. */
+static size_t json_string(const uint8_t *s, size_t i, size_t n) {
+    i++;
+    for (;;) {
+        i = plain_run(s, i, n);
+        if (i >= n) return 0;
+        uint8_t c = s[i];
+        if (c == '"') return i + 1;
+        if (c < 0x20) return 0;
+        if (c == '\\') {
+            if (i + 1 >= n) return 0;
+            c = s[i + 1];
+            if (c == 'u') {
+                unsigned u;
+                if (!hex4(s, i + 2, n, &u)) return 0;
+                i += 6;
+                if (u >= 0xDC00 && u <= 0xDFFF) return 0; /* a lone low surrogate */
+                if (u >= 0xD800 && u <= 0xDBFF) {         /* needs a low one next */
+                    unsigned lo;
+                    if (n - i < 2 || s[i] != '\\' || s[i + 1] != 'u') return 0;
+                    if (!hex4(s, i + 2, n, &lo) || lo < 0xDC00 || lo > 0xDFFF) return 0;
+                    i += 6;
+                }
+                continue;
+            }
+            if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' ||
+                c == 'r' || c == 't') {
+                i += 2;
+                continue;
+            }
+            return 0;
+        }
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k = utf8_seq(s + i, n - i);
+        if (k == 0) return 0;
+        i += k;
+    }
+}
+
+#define IS_DIGIT(c) ((c) >= '0' && (c) <= '9')
+
+/* A number starting at s[i] ('-' or a digit); the position after it, or 0 if invalid. */
+static size_t json_number(const uint8_t *s, size_t i, size_t n) {
+    if (s[i] == '-') i++;
+    if (i >= n) return 0;
+    if (s[i] == '0') {
+        i++;
+    } else if (s[i] >= '1' && s[i] <= '9') {
+        while (i < n && IS_DIGIT(s[i])) i++;
+    } else {
+        return 0;
+    }
+    if (i < n && s[i] == '.') {
+        i++;
+        if (i >= n || !IS_DIGIT(s[i])) return 0;
+        while (i < n && IS_DIGIT(s[i])) i++;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) i++;
+        if (i >= n || !IS_DIGIT(s[i])) return 0;
+        while (i < n && IS_DIGIT(s[i])) i++;
+    }
+    return i;
+}
+
+/* An object key and its colon at s[i]; the position of the value after it, or 0. */
+static size_t json_key(const uint8_t *s, size_t i, size_t n) {
+    if (i >= n || s[i] != '"') return 0;
+    i = json_string(s, i, n);
+    if (i == 0) return 0;
+    i = skip_ws(s, i, n);
+    if (i >= n || s[i] != ':') return 0;
+    return skip_ws(s, i + 1, n);
+}
+
+/* Is s[0:n] one JSON text (RFC 8259), nested at most MAX_DEPTH deep? No recursion. */
+static int json_valid(const uint8_t *s, size_t n) {
+    uint8_t stack[MAX_DEPTH]; /* '[' or '{' */
+    size_t depth = 0;
+    size_t i = skip_ws(s, 0, n);
+    for (;;) {
+        /* a value at s[i] */
+        if (i >= n) return 0;
+        uint8_t c = s[i];
+        if (c == '{' || c == '[') {
+            if (depth == MAX_DEPTH) return 0;
+            stack[depth++] = c;
+            i = skip_ws(s, i + 1, n);
+            if (i < n && s[i] == (c == '{' ? '}' : ']')) {
+                depth--;
+                i++;
+            } else {
+                if (c == '{' && (i = json_key(s, i, n)) == 0) return 0;
+                continue;
+            }
+        } else if (c == '"') {
+            if ((i = json_string(s, i, n)) == 0) return 0;
+        } else if (c == '-' || IS_DIGIT(c)) {
+            if ((i = json_number(s, i, n)) == 0) return 0;
+        } else if (c == 't') {
+            if (n - i < 4 || memcmp(s + i, "true", 4) != 0) return 0;
+            i += 4;
+        } else if (c == 'f') {
+            if (n - i < 5 || memcmp(s + i, "false", 5) != 0) return 0;
+            i += 5;
+        } else if (c == 'n') {
+            if (n - i < 4 || memcmp(s + i, "null", 4) != 0) return 0;
+            i += 4;
+        } else {
+            return 0;
+        }
+        /* after a value: close containers, or a comma and the next value */
+        for (;;) {
+            i = skip_ws(s, i, n);
+            if (depth == 0) return i == n;
+            if (i >= n) return 0;
+            uint8_t top = stack[depth - 1];
+            c = s[i];
+            if (c == ',') {
+                i = skip_ws(s, i + 1, n);
+                if (top == '{' && (i = json_key(s, i, n)) == 0) return 0;
+                break;
+            }
+            if (c != (top == '{' ? '}' : ']')) return 0;
+            depth--;
+            i++;
+        }
+    }
+}
+
+/* -- the record walk ------------------------------------------------------------------------ */
+
+typedef struct {
+    const uint8_t *data;
+    size_t n;
+    int record_count;
+    int64_t base_offset;
+    int64_t base_timestamp;
+    int log_append_time;
+    int64_t max_timestamp;
+    int64_t start_offset;
+    Py_ssize_t max_records;
+    const uint8_t *extra;
+    size_t extra_len;
+    const uint8_t *sep;
+    size_t sep_len;
+    /* results */
+    out_t out;
+    Py_ssize_t count;
+    int64_t last_offset;
+    const char *error;
+} walk_t;
+
+/* A zig-zag varint at data[*pos], below ``end``, as decode_varint reads it (≤ 10 bytes,
+ * ≤ 64 bits). 0 on success. */
+static inline int varint(const uint8_t *d, size_t end, size_t *pos, int64_t *value) {
+    size_t p = *pos;
+    if (p >= end) return -1;
+    uint8_t b = d[p++];
+    uint64_t z = b & 0x7F;
+    if (b >= 0x80) {
+        int shift = 7;
+        for (;;) {
+            if (p >= end) return -1;
+            b = d[p++];
+            if (shift == 63 && (b & 0x7F) > 1) return -1; /* more than 64 bits */
+            z |= (uint64_t)(b & 0x7F) << shift;
+            if (b < 0x80) break;
+            shift += 7;
+            if (shift > 63) return -1; /* longer than 10 bytes */
+        }
+    }
+    *value = (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
+    *pos = p;
+    return 0;
+}
+
+#define FAIL(msg)          \
+    do {                   \
+        w->error = (msg);  \
+        return -1;         \
+    } while (0)
+#define VARINT(limit, dst, msg)                                    \
+    do {                                                           \
+        if (varint(d, (limit), &pos, &(dst)) < 0) FAIL(msg);       \
+    } while (0)
+#define OUT(expr)                          \
+    do {                                   \
+        if ((expr) < 0) FAIL("out of memory"); \
+    } while (0)
+
+static int put_text_or_b64(out_t *o, const char *name, size_t name_len, const uint8_t *s,
+                           int64_t len) {
+    /* ',"<name>":' + text, or ',"<name>_b64":' + base64, or ',"<name>":null' */
+    if (out_put(o, ",\"", 2) < 0 || out_put(o, name, name_len) < 0) return -1;
+    if (len < 0) return PUT_LIT(o, "\":null");
+    if (utf8_valid(s, (size_t)len)) {
+        if (PUT_LIT(o, "\":") < 0) return -1;
+        return out_string(o, s, (size_t)len);
+    }
+    if (PUT_LIT(o, "_b64\":") < 0) return -1;
+    return out_b64(o, s, (size_t)len);
+}
+
+static int walk(walk_t *w) {
+    const uint8_t *d = w->data;
+    size_t n = w->n;
+    size_t pos = 0;
+    out_t *o = &w->out;
+    for (int r = 0; r < w->record_count; r++) {
+        if (w->count >= w->max_records) return 0; /* enough: the rest is not read */
+        int64_t length, ts_delta, off_delta, klen, vlen;
+        VARINT(n, length, "truncated record length");
+        if (length < 0 || (uint64_t)length > n - pos) FAIL("record length runs past the batch");
+        size_t end = pos + (size_t)length;
+        pos += 1; /* record attributes: unused in v2 */
+        VARINT(n, ts_delta, "truncated timestamp delta");
+        VARINT(n, off_delta, "truncated offset delta");
+        VARINT(n, klen, "truncated key length");
+        const uint8_t *key = d + pos;
+        if (klen >= 0) {
+            if (pos > end || (uint64_t)klen > end - pos) FAIL("record key runs past the record");
+            pos += (size_t)klen;
+        }
+        VARINT(n, vlen, "truncated value length");
+        const uint8_t *value = d + pos;
+        if (vlen >= 0) {
+            if (pos > end || (uint64_t)vlen > end - pos) FAIL("record value runs past the record");
+            pos += (size_t)vlen;
+        }
+        size_t headers_at = pos;
+        int64_t hcount;
+        VARINT(n, hcount, "truncated header count");
+        if (hcount < 0 || hcount > MAX_HEADERS_PER_RECORD) FAIL("invalid header count");
+        for (int64_t h = 0; h < hcount; h++) {
+            int64_t hklen, hvlen;
+            VARINT(n, hklen, "truncated header key length");
+            if (hklen < 0 || hklen > MAX_HEADER_KEY_BYTES || pos > end ||
+                (uint64_t)hklen > end - pos)
+                FAIL("invalid header key length");
+            if (!utf8_valid(d + pos, (size_t)hklen)) FAIL("header key is not UTF-8");
+            pos += (size_t)hklen;
+            VARINT(n, hvlen, "truncated header value length");
+            if (hvlen >= 0) {
+                if (pos > end || (uint64_t)hvlen > end - pos)
+                    FAIL("header value runs past the record");
+                pos += (size_t)hvlen;
+            }
+        }
+        if (pos != end) FAIL("record length does not match its fields");
+        int64_t offset, ts;
+        if (__builtin_add_overflow(w->base_offset, off_delta, &offset))
+            FAIL("record offset overflows");
+        if (w->log_append_time) {
+            ts = w->max_timestamp;
+        } else if (__builtin_add_overflow(w->base_timestamp, ts_delta, &ts)) {
+            FAIL("record timestamp overflows");
+        }
+        if (offset < w->start_offset) continue;
+        /* the object */
+        if (w->count > 0) OUT(out_put(o, w->sep, w->sep_len));
+        OUT(PUT_LIT(o, "{\"offset\":"));
+        OUT(out_int(o, offset));
+        OUT(PUT_LIT(o, ",\"timestamp\":"));
+        OUT(out_int(o, ts));
+        OUT(put_text_or_b64(o, "key", 3, key, klen));
+        if (vlen < 0) {
+            OUT(PUT_LIT(o, ",\"value\":null"));
+        } else if (json_valid(value, (size_t)vlen)) {
+            OUT(PUT_LIT(o, ",\"value\":"));
+            OUT(out_put_json(o, (const char *)value, (size_t)vlen));
+        } else {
+            OUT(PUT_LIT(o, ",\"value_b64\":"));
+            OUT(out_b64(o, value, (size_t)vlen));
+        }
+        OUT(PUT_LIT(o, ",\"headers\":["));
+        if (hcount > 0) {
+            /* walk the headers again: their bounds were all checked above */
+            size_t hp = headers_at;
+            int64_t ignored = 0;
+            (void)varint(d, end, &hp, &ignored);
+            for (int64_t h = 0; h < hcount; h++) {
+                int64_t hklen = 0, hvlen = -1;
+                (void)varint(d, end, &hp, &hklen);
+                const uint8_t *hk = d + hp;
+                hp += (size_t)hklen;
+                (void)varint(d, end, &hp, &hvlen);
+                const uint8_t *hv = d + hp;
+                if (hvlen >= 0) hp += (size_t)hvlen;
+                if (h > 0) OUT(PUT_LIT(o, ","));
+                OUT(PUT_LIT(o, "{\"name\":"));
+                OUT(out_string(o, hk, (size_t)hklen));
+                OUT(put_text_or_b64(o, "value", 5, hv, hvlen));
+                OUT(PUT_LIT(o, "}"));
+            }
+        }
+        OUT(PUT_LIT(o, "]"));
+        OUT(out_put(o, w->extra, w->extra_len));
+        OUT(PUT_LIT(o, "}"));
+        w->count++;
+        w->last_offset = offset;
+    }
+    if (pos != n) FAIL("trailing bytes after the last record");
+    return 0;
+}
+
+/* -- Python entry points -------------------------------------------------------------------- */
+
+PyDoc_STRVAR(encode_section_doc,
+"encode_section(section, record_count, base_offset, base_timestamp, log_append_time,\n"
+"               max_timestamp, start_offset, max_records, extra, sep)\n"
+"-> (bytes, count, last_offset)\n\n"
+"The JSON objects of the records of one decompressed records section at or after\n"
+"start_offset, at most max_records, joined by sep. Raises CorruptRecordError.");
+
+static PyObject *encode_section(PyObject *self, PyObject *args) {
+    Py_buffer section, extra, sep;
+    walk_t w;
+    memset(&w, 0, sizeof(w));
+    long long base_offset, base_ts, max_ts, start_offset;
+    int append_time;
+    if (!PyArg_ParseTuple(args, "y*iLLpLLny*y*", &section, &w.record_count, &base_offset,
+                          &base_ts, &append_time, &max_ts, &start_offset, &w.max_records,
+                          &extra, &sep))
+        return NULL;
+    w.data = section.buf;
+    w.n = (size_t)section.len;
+    w.base_offset = base_offset;
+    w.base_timestamp = base_ts;
+    w.log_append_time = append_time;
+    w.max_timestamp = max_ts;
+    w.start_offset = start_offset;
+    w.extra = extra.buf;
+    w.extra_len = (size_t)extra.len;
+    w.sep = sep.buf;
+    w.sep_len = (size_t)sep.len;
+    w.last_offset = -1;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = walk(&w);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&section);
+    PyBuffer_Release(&extra);
+    PyBuffer_Release(&sep);
+    PyObject *result = NULL;
+    if (w.out.oom) {
+        PyErr_NoMemory();
+    } else if (rc < 0) {
+        PyErr_SetString(corrupt_error, w.error);
+    } else {
+        PyObject *body = PyBytes_FromStringAndSize(w.out.p ? w.out.p : "", (Py_ssize_t)w.out.len);
+        if (body != NULL) {
+            result = Py_BuildValue("(NnL)", body, w.count, (long long)w.last_offset);
+        }
+    }
+    PyMem_RawFree(w.out.p);
+    return result;
+}
+
+PyDoc_STRVAR(is_json_doc, "is_json(data) -> bool: is data one strict RFC 8259 JSON text?");
+
+static PyObject *is_json(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = json_valid(b.buf, (size_t)b.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(ok);
+}
+
+static PyMethodDef methods[] = {
+    {"encode_section", encode_section, METH_VARARGS, encode_section_doc},
+    {"is_json", is_json, METH_O, is_json_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_recordjson", "Records sections to JSON, in C.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__recordjson(void) {
+    PyObject *errors = PyImport_ImportModule("core_log.errors");
+    if (errors == NULL) return NULL;
+    corrupt_error = PyObject_GetAttrString(errors, "CorruptRecordError");
+    Py_DECREF(errors);
+    if (corrupt_error == NULL) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "MAX_DEPTH", MAX_DEPTH) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_HEADERS_PER_RECORD", MAX_HEADERS_PER_RECORD) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_HEADER_KEY_BYTES", MAX_HEADER_KEY_BYTES) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

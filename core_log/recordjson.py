@@ -1,0 +1,277 @@
+"""Records of a fetch as JSON text, straight from the log's batches: no Python object per record.
+
+Theory of operation
+-------------------
+A JSON fetch used to decode every record into a :class:`~core_log.batch.Record`, turn it into a
+dict (``api.records_codec.record_to_json``: an ``orjson.loads`` per value to decide whether it
+is embedded or sent as base64) and encode the lot: ≈ 4.4 µs of broker CPU per record, 60 % of
+it in those two steps. :func:`encode_json` walks each batch's records section in C
+(``_recordjson.c``) and writes each record's JSON object directly, the GIL released; Python
+only steps over batch headers and decompresses compressed batches with the log's codec.
+Measured on 100-byte JSON values: ≈ 0.07-0.2 µs a record in C, ≈ 6 µs in the Python twin;
+JSON fetch went from ≈ 0.27 M to ≈ 1.5-1.9 M records/s (wrk, 4 connections, 2 cores) and
+WebSocket JSON push from ≈ 0.22 M to ≈ 0.42-0.47 M records/s (client-bound; broker CPU
+4.55 → 0.75-0.85 µs a record).
+
+Each object is byte for byte what ``orjson.dumps`` writes for ``record_to_json(record)`` with
+``extra`` (raw JSON members, e.g. ``b',"topic":"t","partition":0'``) appended inside it::
+
+    {"offset":7,"timestamp":1700000000000,"key":"k"|null,"value":<raw JSON>|null,
+     "headers":[{"name":"h","value":"v"}]}
+
+A key or header value that is not UTF-8 becomes ``key_b64``/``value_b64``; a value that is not
+one strict JSON text (:func:`is_json`) becomes ``value_b64``.
+
+Where :func:`is_json` differs from ``orjson.loads`` (on purpose, per RFC 8259): it accepts
+numbers of any size (``1e999``, 30-digit integers; orjson rejects infinities) and rejects
+nesting deeper than ``MAX_DEPTH`` (512; orjson allows 1024). Like orjson it rejects lone
+surrogate escapes (``"\\ud800"``), NaN/Infinity, invalid UTF-8, a BOM and trailing garbage.
+
+The pure-Python twin (:func:`encode_section_py`, used when the extension was not built, and by
+the tests as the reference) gives the same bytes. Two knowing differences, on
+corrupt data only: C stops reading a batch once it has ``max_records`` records (the twin
+decodes the whole batch, so corruption after the cut raises only there), and the messages
+differ. Both raise ``CorruptRecordError`` where an offset or timestamp would overflow 64 bits.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from .batch import (
+    HEADER,
+    HEADER_BYTES,
+    LOG_OVERHEAD,
+    RECORDS_OFFSET,
+    BatchHeader,
+    decode_records_of,
+)
+from .compression import Compression, decompress
+from .errors import CorruptRecordError
+from .limits import MAX_HEADER_KEY_BYTES, MAX_HEADERS_PER_RECORD
+
+_LINE_BREAKS = bytes.maketrans(b"\r\n", b"  ")
+
+
+def one_line(value: bytes) -> bytes:
+    """A valid JSON text with its line breaks made spaces: outside strings they are only
+    whitespace (inside, they must be escaped), so the value is unchanged and one record stays
+    one NDJSON line or SSE data line."""
+    return value.translate(_LINE_BREAKS)
+
+
+MAX_DEPTH = 512  # nesting of a value embedded as JSON; deeper values are sent as value_b64
+
+_COMPRESSION_MASK = 0x07
+_TIMESTAMP_TYPE_MASK = 0x08
+_MIN_BATCH_LENGTH = HEADER_BYTES - LOG_OVERHEAD
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+# (section, record_count, base_offset, base_timestamp, log_append_time, max_timestamp,
+#  start_offset, max_records, extra, sep) -> (body, count, last_offset)
+SectionEncoder = Callable[
+    [bytes | memoryview, int, int, int, bool, int, int, int, bytes, bytes], tuple[bytes, int, int]
+]
+
+
+# -- the Python twin -------------------------------------------------------------------------
+
+
+class _Pairs(list[Any]):
+    """A JSON object as its (key, value) pairs: duplicate keys are all kept and checked."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _ignore(_text: str) -> None:
+    return None
+
+
+def is_json_py(raw: bytes | memoryview) -> bool:
+    """Is ``raw`` one strict JSON text? The twin of ``_recordjson.is_json`` (same answers)."""
+    try:
+        text = bytes(raw).decode()
+        doc = json.loads(
+            text,
+            object_pairs_hook=_Pairs,
+            parse_constant=_reject_constant,
+            parse_int=_ignore,
+            parse_float=_ignore,
+        )
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
+        return False
+    return _nesting_ok(doc)
+
+
+def _nesting_ok(doc: Any) -> bool:
+    """No container deeper than MAX_DEPTH, no string with a lone surrogate."""
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode()
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(node, _Pairs):
+            if depth > MAX_DEPTH:
+                return False
+            for k, v in node:
+                stack.append((k, depth + 1))
+                stack.append((v, depth + 1))
+        elif isinstance(node, list):
+            if depth > MAX_DEPTH:
+                return False
+            stack.extend((v, depth + 1) for v in node)
+    return True
+
+
+def _text_or_b64(name: bytes, raw: bytes | None) -> bytes:
+    if raw is None:
+        return b',"%s":null' % name
+    try:
+        return b',"%s":%s' % (name, orjson.dumps(raw.decode()))
+    except UnicodeDecodeError:
+        return b',"%s_b64":"%s"' % (name, base64.b64encode(raw))
+
+
+def encode_section_py(
+    section: bytes | memoryview,
+    record_count: int,
+    base_offset: int,
+    base_timestamp: int,
+    log_append_time: bool,
+    max_timestamp: int,
+    start_offset: int,
+    max_records: int,
+    extra: bytes,
+    sep: bytes,
+) -> tuple[bytes, int, int]:
+    """The twin of ``_recordjson.encode_section``: one batch's records section → JSON."""
+    h = BatchHeader(
+        base_offset,
+        0,
+        0,
+        2,
+        0,
+        _TIMESTAMP_TYPE_MASK if log_append_time else 0,
+        0,
+        base_timestamp,
+        max_timestamp,
+        -1,
+        -1,
+        -1,
+        record_count,
+    )
+    if max_records <= 0:
+        return b"", 0, -1
+    decoded = decode_records_of(h, bytes(section))
+    for r in decoded:
+        if not (_INT64_MIN <= r.offset <= _INT64_MAX and _INT64_MIN <= r.timestamp <= _INT64_MAX):
+            raise CorruptRecordError("record offset or timestamp overflows 64 bits")
+    records = [r for r in decoded if r.offset >= start_offset]
+    records = records[:max_records]
+    parts = []
+    for r in records:
+        out = [b'{"offset":%d,"timestamp":%d' % (r.offset, r.timestamp)]
+        out.append(_text_or_b64(b"key", r.key))
+        if r.value is None:
+            out.append(b',"value":null')
+        elif is_json_py(r.value):
+            out.append(b',"value":' + one_line(r.value))
+        else:
+            out.append(b',"value_b64":"%s"' % base64.b64encode(r.value))
+        hs = [
+            b'{"name":%s%s}' % (orjson.dumps(name), _text_or_b64(b"value", hv))
+            for name, hv in r.headers
+        ]
+        out.append(b',"headers":[%s]%s}' % (b",".join(hs), extra))
+        parts.append(b"".join(out))
+    last = records[-1].offset if records else -1
+    return sep.join(parts), len(parts), last
+
+
+# -- the C walk, when built ------------------------------------------------------------------
+
+try:
+    from . import _recordjson  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - the extension is optional
+    _recordjson = None
+
+NATIVE = _recordjson is not None  # the C walk was built
+
+if _recordjson is not None:
+    assert _recordjson.MAX_DEPTH == MAX_DEPTH
+    assert _recordjson.MAX_HEADERS_PER_RECORD == MAX_HEADERS_PER_RECORD
+    assert _recordjson.MAX_HEADER_KEY_BYTES == MAX_HEADER_KEY_BYTES
+    encode_section: SectionEncoder = _recordjson.encode_section
+    is_json: Callable[[bytes | memoryview], bool] = _recordjson.is_json
+else:  # pragma: no cover
+    encode_section = encode_section_py
+    is_json = is_json_py
+
+_unpack_header = HEADER.unpack_from
+
+
+def encode_json(
+    data: bytes | memoryview,
+    start_offset: int,
+    max_records: int,
+    *,
+    extra: bytes = b"",
+    sep: bytes = b",",
+    encoder: SectionEncoder | None = None,
+) -> tuple[bytes, int, int]:
+    """The records of the whole batches in ``data`` (as read from the log) at or after
+    ``start_offset``, at most ``max_records``, as JSON objects joined by ``sep``.
+
+    Returns (body, records in it, offset of the last one or -1). A trailing partial batch is
+    ignored, as :func:`~core_log.batch.scan_batches` does; batches ending before
+    ``start_offset`` are skipped unread. ``encoder`` picks the C walk or the Python twin
+    (default: C when built). Raises :class:`CorruptRecordError`.
+    """
+    walk = encode_section if encoder is None else encoder
+    view = memoryview(data)
+    end = len(view)
+    pos = 0
+    parts: list[bytes] = []
+    count = 0
+    last = -1
+    while end - pos >= HEADER_BYTES and count < max_records:
+        f = _unpack_header(view, pos)
+        base_offset, batch_length, attributes, last_delta = f[0], f[1], f[5], f[6]
+        size = batch_length + LOG_OVERHEAD
+        if batch_length < _MIN_BATCH_LENGTH or pos + size > end:
+            break
+        if base_offset + last_delta >= start_offset:
+            section: bytes | memoryview = view[pos + RECORDS_OFFSET : pos + size]
+            codec = attributes & _COMPRESSION_MASK
+            if codec:
+                if codec > Compression.ZSTD:
+                    raise CorruptRecordError(f"unknown compression codec {codec}")
+                section = decompress(Compression(codec), bytes(section))
+            body, n, at = walk(
+                section,
+                f[12],  # recordCount
+                base_offset,
+                f[7],  # baseTimestamp
+                bool(attributes & _TIMESTAMP_TYPE_MASK),
+                f[8],  # maxTimestamp
+                start_offset,
+                max_records - count,
+                extra,
+                sep,
+            )
+            if n:
+                parts.append(body)
+                count += n
+                last = at
+        pos += size
+    return sep.join(parts), count, last

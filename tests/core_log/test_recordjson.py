@@ -1,0 +1,301 @@
+"""Records as JSON: the C walk and its Python twin agree byte for byte, both equal
+``record_to_json`` (what the API answered before), and both reject corrupt batches."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from api.records_codec import record_to_json
+from core_log import recordjson
+from core_log.batch import RECORDS_OFFSET, Record, build_batch, iter_records
+from core_log.compression import Compression
+from core_log.errors import CorruptRecordError
+from core_log.recordjson import MAX_DEPTH, encode_json, encode_section_py, is_json_py
+
+pytestmark = pytest.mark.skipif(
+    not recordjson.NATIVE, reason="the C extension was not built (no compiler at install time)"
+)
+
+C = recordjson.encode_section
+PY = encode_section_py
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _dumped(v: Any, indent: bool) -> bytes:
+    return json.dumps(v, ensure_ascii=False, indent=1 if indent else None).encode()
+
+
+values = st.one_of(
+    st.none(),
+    st.binary(max_size=60),
+    st.text(max_size=30).map(str.encode),
+    st.builds(_dumped, json_values, st.booleans()),
+    st.builds(
+        lambda v: b" \n" + json.dumps(v, separators=(",", ":")).encode() + b"\t", json_values
+    ),
+    st.sampled_from(
+        [b"NaN", b"[1,]", b'"\\ud800"', b'"\\ud83d\\ude00"', b"1e999", b"-0", b"01", b'"\x01"']
+    ),
+)
+texts = st.one_of(st.text(max_size=12), st.text(st.characters(max_codepoint=0x3F), max_size=12))
+keys = st.one_of(st.none(), st.binary(max_size=12), texts.map(str.encode))
+headers = st.lists(
+    st.tuples(texts, st.one_of(st.none(), st.binary(max_size=8), texts.map(str.encode))),
+    max_size=3,
+).map(tuple)
+records = st.builds(
+    Record, value=values, key=keys, headers=headers, timestamp=st.integers(0, 2**41)
+)
+batch_specs = st.lists(
+    st.tuples(
+        st.lists(records, min_size=1, max_size=12),
+        st.sampled_from(list(Compression)),
+        st.booleans(),  # LogAppendTime
+        st.integers(0, 3),  # gap before the batch (compaction)
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def build(specs: list[tuple[list[Record], Compression, bool, int]]) -> bytes:
+    out = []
+    offset = 0
+    for rs, codec, append_time, gap in specs:
+        offset += gap
+        out.append(
+            build_batch(rs, base_offset=offset, compression=codec, log_append_time=append_time)
+        )
+        offset += len(rs)
+    return b"".join(out)
+
+
+def reference(r: Record) -> dict[str, Any]:
+    """record_to_json, parsed back; but a value that orjson refuses and RFC 8259 allows
+    (1e999, see core_log.recordjson) is expected embedded."""
+    doc: dict[str, Any] = json.loads(orjson.dumps(record_to_json(r)))
+    if "value_b64" in doc and r.value is not None and is_json_py(r.value):
+        doc = {k: v for k, v in doc.items() if k not in ("value_b64", "headers")}
+        doc["value"] = json.loads(r.value)
+        doc["headers"] = json.loads(orjson.dumps(record_to_json(r)["headers"]))
+    return doc
+
+
+def expected(data: bytes, start: int, limit: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    docs = [{**reference(r), **extra} for r in iter_records(data) if r.offset >= start]
+    return docs[:limit]
+
+
+EXTRA = b',"topic":"t\\n\xc3\xa9","partition":3'
+EXTRA_DOC = {"topic": "t\né", "partition": 3}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch_specs, st.integers(0, 60), st.integers(1, 60), st.booleans())
+def test_c_and_twin_agree_and_match_record_to_json(
+    specs: list[tuple[list[Record], Compression, bool, int]], start: int, limit: int, extra: bool
+) -> None:
+    data = build(specs)
+    ex, ex_doc = (EXTRA, EXTRA_DOC) if extra else (b"", {})
+    got_c = encode_json(data, start, limit, extra=ex, encoder=C)
+    got_py = encode_json(data, start, limit, extra=ex, encoder=PY)
+    assert got_c == got_py
+    body, count, last = got_c
+    want = expected(data, start, limit, ex_doc)
+    assert json.loads(b"[" + body + b"]") == want
+    assert count == len(want)
+    assert last == (want[-1]["offset"] if want else -1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(records, min_size=1, max_size=10))
+def test_bytes_equal_orjson_dumps(rs: list[Record]) -> None:
+    """Byte for byte what orjson writes for record_to_json, NDJSON separator included."""
+    assume(all(r.value is None or is_json_py(r.value) == orjson_accepts(r.value) for r in rs))
+    data = build_batch(rs, base_offset=5)
+    body, count, _ = encode_json(data, 0, 100, sep=b"\n")
+    assert body == b"\n".join(orjson.dumps(record_to_json(r)) for r in iter_records(data))
+    assert count == len(rs)
+
+
+def orjson_accepts(raw: bytes) -> bool:
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def test_timestamps_log_append_time_and_create_time() -> None:
+    rs = [Record(b"1", timestamp=100), Record(b"2", timestamp=250)]
+    create = build_batch(rs)
+    stamped = build_batch(rs, log_append_time=True)
+    docs = orjson.loads(b"[" + encode_json(create + stamped, 0, 10)[0] + b"]")
+    assert [d["timestamp"] for d in docs] == [100, 250, 250, 250]
+    assert [d["offset"] for d in docs] == [0, 1, 0, 1]
+
+
+def test_skips_batches_before_start_and_ignores_a_partial_tail() -> None:
+    a = build_batch([Record(b"1"), Record(b"2")], base_offset=0)
+    b = build_batch([Record(b"3"), Record(b"4")], base_offset=2)
+    for enc in (C, PY):
+        body, count, last = encode_json(a + b + b[:30], 3, 10, encoder=enc)
+        assert (body, count, last) == (
+            b'{"offset":3,"timestamp":0,"key":null,"value":4,"headers":[]}',
+            1,
+            3,
+        )
+        assert encode_json(a, 5, 10, encoder=enc) == (b"", 0, -1)
+
+
+# -- the validator --------------------------------------------------------------------------
+
+
+def strict_loads(raw: bytes) -> bool:
+    """The reference: stdlib json, strict, no NaN/Infinity; valid UTF-8 only."""
+    try:
+        json.loads(raw.decode(), parse_constant=lambda c: 1 / 0)
+    except (ValueError, ZeroDivisionError, RecursionError):
+        return False
+    return True
+
+
+json_alphabet = st.sampled_from([*'{}[]:," \\\n\t-+.0123456789eEtrufalsn/u', "\x01", "é"])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(st.binary(max_size=30), st.text(json_alphabet, max_size=30).map(str.encode)))
+def test_validator_never_accepts_what_a_strict_parser_rejects(raw: bytes) -> None:
+    ok = recordjson.is_json(raw)
+    assert ok == is_json_py(raw)
+    if ok:
+        assert strict_loads(raw)
+    elif b"\\u" not in raw:  # no escapes, so no lone surrogates: only the parser decides
+        assert not strict_loads(raw)
+
+
+@settings(max_examples=500, deadline=None)
+@given(json_values, st.booleans(), st.booleans())
+def test_validator_accepts_any_dumped_json(v: Any, ensure_ascii: bool, indent: bool) -> None:
+    raw = json.dumps(v, ensure_ascii=ensure_ascii, indent=2 if indent else None).encode()
+    assert recordjson.is_json(raw)
+    assert is_json_py(raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "ok"),
+    [
+        (b"1e999", True),  # RFC 8259 puts no limit on numbers (orjson rejects: infinity)
+        (b"123456789012345678901234567890", True),
+        (b'"\\ud83d\\ude00"', True),
+        (b'"\\ud800"', False),  # a lone surrogate escape
+        (b'"\\udc00\\ud800"', False),
+        (b'"\\ud800\\u0041"', False),
+        (b'{"a":"\\ud800","a":1}', False),  # duplicate keys: every value is checked
+        (b"\xef\xbb\xbf1", False),  # a BOM
+        (b'"\xed\xa0\x80"', False),  # an encoded surrogate
+        (b'"\xc0\xaf"', False),  # overlong
+        (b'"\xf4\x90\x80\x80"', False),  # above U+10FFFF
+        (b"NaN", False),
+        (b"-Infinity", False),
+        (b"[1,]", False),
+        (b"1 2", False),
+        (b"", False),
+        (b" ", False),
+        (b"01", False),
+        (b"1.", False),
+        (b"-", False),
+        (b'{"a" 1}', False),
+        (b"\x0c1", False),  # form feed is not JSON whitespace
+        (b"[" * MAX_DEPTH + b"]" * MAX_DEPTH, True),
+        (b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1), False),
+        (b'{"a":' * MAX_DEPTH + b"1" + b"}" * MAX_DEPTH, True),
+        (b'{"a":' * (MAX_DEPTH + 1) + b"1" + b"}" * (MAX_DEPTH + 1), False),
+        (b"[" * 100_000, False),
+    ],
+)
+def test_validator_cases(raw: bytes, ok: bool) -> None:
+    assert recordjson.is_json(raw) is ok
+    assert is_json_py(raw) is ok
+
+
+# -- corrupt input ---------------------------------------------------------------------------
+
+
+def verdict(enc: Any, data: bytes) -> str:
+    try:
+        encode_json(data, 0, 10_000, encoder=enc)
+    except CorruptRecordError:
+        return "corrupt"
+    return "ok"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(records, min_size=1, max_size=8),
+    st.data(),
+)
+def test_corrupt_records_raise_in_both(rs: list[Record], data: st.DataObject) -> None:
+    batch = bytearray(build_batch(rs))
+    section_len = len(batch) - RECORDS_OFFSET
+    kind = data.draw(st.sampled_from(["truncate", "garbage", "flip"]))
+    if kind == "truncate":  # the section loses its tail; the header still claims every record
+        cut = data.draw(st.integers(0, section_len - 1))
+        head = bytearray(batch[:RECORDS_OFFSET])
+        head[8:12] = (RECORDS_OFFSET - 12 + cut).to_bytes(4, "big")
+        bad = bytes(head) + bytes(batch[RECORDS_OFFSET : RECORDS_OFFSET + cut])
+        assert verdict(C, bad) == verdict(PY, bad) == "corrupt"
+        return
+    if kind == "garbage":  # random bytes in place of the records
+        body = data.draw(st.binary(min_size=1, max_size=section_len))
+        head = bytearray(batch[:RECORDS_OFFSET])
+        head[8:12] = (RECORDS_OFFSET - 12 + len(body)).to_bytes(4, "big")
+        bad = bytes(head) + body
+    else:  # one byte changed: may still be a well-formed batch; both must agree
+        at = data.draw(st.integers(RECORDS_OFFSET, len(batch) - 1))
+        batch[at] = data.draw(st.integers(0, 255))
+        bad = bytes(batch)
+    c, py = verdict(C, bad), verdict(PY, bad)
+    assert c == py
+    if c == "ok":
+        assert encode_json(bad, 0, 10_000, encoder=C) == encode_json(bad, 0, 10_000, encoder=PY)
+
+
+@pytest.mark.parametrize("enc", [C, PY], ids=["c", "py"])
+def test_corrupt_compressed_and_codec(enc: Any) -> None:
+    batch = bytearray(build_batch([Record(b"x" * 100)] * 5, compression=Compression.ZSTD))
+    batch[RECORDS_OFFSET + 10] ^= 0xFF
+    with pytest.raises(CorruptRecordError):
+        encode_json(bytes(batch), 0, 10, encoder=enc)
+    batch = bytearray(build_batch([Record(b"1")]))
+    batch[22] |= 0x07  # attributes: codec 7
+    with pytest.raises(CorruptRecordError):
+        encode_json(bytes(batch), 0, 10, encoder=enc)
+
+
+@pytest.mark.parametrize("enc", [C, PY], ids=["c", "py"])
+def test_wrong_record_count_raises(enc: Any) -> None:
+    batch = bytearray(build_batch([Record(b"1"), Record(b"2")]))
+    batch[57:61] = (3).to_bytes(4, "big")  # claims 3 records
+    with pytest.raises(CorruptRecordError):
+        encode_json(bytes(batch), 0, 10, encoder=enc)
+    batch[57:61] = (1).to_bytes(4, "big")  # claims 1: trailing bytes
+    with pytest.raises(CorruptRecordError):
+        encode_json(bytes(batch), 0, 10, encoder=enc)
