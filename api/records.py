@@ -454,17 +454,18 @@ def int_param(query: Mapping[str, str], name: str, default: int | None, low: int
     return value
 
 
-def negotiate(accept: str | None) -> str:
+def negotiate(accept: str | None, offered: list[str] = FETCH_TYPES) -> str:
+    """The first of ``offered`` the Accept header names (JSON for none or a wildcard)."""
     if not accept:
         return JSON
     for part in accept.split(","):
         kind = media_type(part)
-        if kind in FETCH_TYPES:
+        if kind in offered:
             return kind
         if kind in ("*/*", "application/*"):
             return JSON
     raise LogbusError(
-        f"cannot answer in {accept!r}; acceptable: {', '.join(FETCH_TYPES)}",
+        f"cannot answer in {accept!r}; acceptable: {', '.join(offered)}",
         code=ErrorCode.NOT_ACCEPTABLE,
     )
 

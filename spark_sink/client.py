@@ -167,26 +167,27 @@ class LogbusClient:
         raise AssertionError("unreachable")
 
 
-class _Connection(http.client.HTTPConnection):
-    """``http.client`` with Logbus's two timeouts: connect, then every read and write."""
+class _Timeouts:
+    """Logbus's two timeouts for ``http.client``: connect, then every read and write."""
 
+    sock: Any
+    _request_s: float
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self.sock.settimeout(self._request_s)
+
+
+class _Connection(_Timeouts, http.client.HTTPConnection):
     def __init__(self, host: str, port: int | None, connect_s: float, request_s: float) -> None:
         super().__init__(host, port, timeout=connect_s)
         self._request_s = request_s
 
-    def connect(self) -> None:
-        super().connect()
-        self.sock.settimeout(self._request_s)
 
-
-class _TLSConnection(http.client.HTTPSConnection):
+class _TLSConnection(_Timeouts, http.client.HTTPSConnection):
     def __init__(self, host: str, port: int | None, connect_s: float, request_s: float) -> None:
         super().__init__(host, port, timeout=connect_s)
         self._request_s = request_s
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock.settimeout(self._request_s)
 
 
 class BinaryFetcher:

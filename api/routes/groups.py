@@ -28,7 +28,7 @@ from ..group_schemas import (
     OffsetReset,
 )
 from ..problems import bad_request
-from ..records import JSON, NDJSON, media_type
+from ..records import JSON, NDJSON, negotiate
 from ..state import CoordinatorDep, StateDep
 from .common import errors
 
@@ -116,7 +116,7 @@ async def poll(
     wait_ms: Annotated[int | None, Query(ge=0, description="long-poll up to this long")] = None,
     accept: Annotated[str | None, Header()] = None,
 ) -> Response:
-    kind = _negotiate(accept)
+    kind = negotiate(accept, [JSON, NDJSON, streams.SSE])
     coordinator = state.coordinator
     if kind == streams.SSE:
         coordinator.member(group, member)  # unknown member: 404 before the stream
@@ -133,19 +133,6 @@ async def poll(
     )
     assert isinstance(reply.body, bytes)
     return Response(reply.body, reply.status, reply.headers, media_type=reply.content_type)
-
-
-def _negotiate(accept: str | None) -> str:
-    for part in (accept or JSON).split(","):
-        kind = media_type(part)
-        if kind in (JSON, NDJSON, streams.SSE):
-            return kind
-        if kind in ("*/*", "application/*"):
-            return JSON
-    raise LogbusError(
-        f"cannot answer in {accept!r}; acceptable: {JSON}, {NDJSON}, {streams.SSE}",
-        code=ErrorCode.NOT_ACCEPTABLE,
-    )
 
 
 def _sse(body: Any) -> StreamingResponse:
