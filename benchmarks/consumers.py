@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -76,7 +77,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from api import ws_protocol as proto
 from api.process import BrokerProcess
-from benchmarks.http import loopback_mb_s
+from benchmarks.http import loopback_mb_s, plot
 from core_log.batch import Record, build_batch, scan_batches
 
 MIB = 1024 * 1024
@@ -105,6 +106,9 @@ class Figure:
         if self.target is None:
             return None
         return self.value <= self.target if self.lower_is_better else self.value >= self.target
+
+
+PLOT_TITLE = "consumers: one broker on loopback, 2 cores"
 
 
 # -- broker process ----------------------------------------------------------------------------
@@ -917,6 +921,10 @@ def print_table(figures: list[Figure]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--plot", help="draw the figures against their targets here (PNG)")
+    parser.add_argument(
+        "--replot", metavar="JSON", help="only draw --plot from the figures of an earlier --json"
+    )
     parser.add_argument("--quick", action="store_true", help="a short run (≈ 40 s)")
     parser.add_argument("--data-dir", default="bench-data")
     parser.add_argument("--records", type=int)
@@ -928,6 +936,14 @@ def main() -> int:
         "--only", default=",".join(PARTS), help=f"comma-separated parts of {', '.join(PARTS)}"
     )
     args = parser.parse_args()
+    if args.replot:
+        if not args.plot:
+            parser.error("--replot needs --plot")
+        saved = json.loads(Path(args.replot).read_text())
+        fields = {f.name for f in dataclasses.fields(Figure)}
+        figures = [Figure(**{k: v for k, v in f.items() if k in fields}) for f in saved["figures"]]
+        plot(figures, Path(args.plot), PLOT_TITLE + f" ({saved['date']})")
+        return 0
     q = args.quick
     args.records = args.records or (200_000 if q else 1_000_000)
     args.repeats = args.repeats or (1 if q else 3)
@@ -948,6 +964,8 @@ def main() -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print_table(figures)
+    if args.plot:
+        plot(figures, Path(args.plot), PLOT_TITLE)
     print(
         f"\n{time.time() - started:.0f} s in all; load average {load_start:.1f} at the start, "
         f"{os.getloadavg()[0]:.1f} at the end; source {describe_source()}"

@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -369,27 +370,34 @@ def print_table(figures: list[Figure], limits: dict[str, float]) -> None:
         print(f"{f.name:<58} {f.value:>14,.1f} {f.unit:<11} {target:>9} {met:>4}  {ratio}{f.note}")
 
 
-def plot(figures: list[Figure], path: Path) -> None:
+def plot(figures: Sequence[Any], path: Path, title: str = "") -> None:
+    """Each figure with a target as achieved / target (target / achieved where lower is
+    better: latency, memory, CPU); green meets the target."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     targeted = [f for f in figures if f.target]
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(targeted) + 1.5))
+    fig, ax = plt.subplots(figsize=(11, 0.6 * len(targeted) + 1.5))
     names = [f.name for f in targeted]
     ratios = [
-        (f.target / f.value if f.unit.startswith("ms") else f.value / f.target) if f.target else 0
+        f.target / f.value
+        if getattr(f, "lower_is_better", f.unit.startswith("ms"))
+        else f.value / f.target
         for f in targeted
     ]
     colors = ["tab:green" if r >= 1 else "tab:red" for r in ratios]
     ax.barh(names, ratios, color=colors)
+    if max(ratios) > 20 * max(min(ratios), 1e-9):
+        ax.set_xscale("log")  # ratios spanning orders of magnitude stay readable
     ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
-    ax.set_xlabel("achieved / target (≥ 1 meets the target; latency: target / achieved)")
+    ax.set_xlabel("achieved / target (≥ 1 meets the target; lower-is-better: target / achieved)")
     for i, f in enumerate(targeted):
-        ax.text(ratios[i], i, f"  {f.value:,.0f} {f.unit}", va="center", fontsize=8)
+        shown = f"{f.value:,.0f}" if f.value >= 100 else f"{f.value:.3g}"
+        ax.text(ratios[i], i, f"  {shown} {f.unit}", va="center", fontsize=8)
     ax.invert_yaxis()
-    ax.set_title("logbus bench: single broker on loopback, 2 cores")
+    ax.set_title(title or "logbus bench: single broker on loopback, 2 cores", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
