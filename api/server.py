@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import sys
 from types import FrameType
 
@@ -27,6 +28,7 @@ def serve(settings: Settings) -> int:
     print(f"Logbus API:  {base}/v1", flush=True)
     print(f"Docs UI:     {base}/docs", flush=True)
     print(f"Data dir:    {settings.data_dir.resolve()}", flush=True)
+    tune_allocator()
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -41,6 +43,30 @@ def serve(settings: Settings) -> int:
     )
     _Server(config, app).run()
     return 0
+
+
+# glibc's mallopt parameters (malloc.h) and the values the broker sets.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 64 * 1024 * 1024
+TRIM_THRESHOLD_BYTES = 128 * 1024 * 1024
+
+
+def tune_allocator() -> None:
+    """Keep buffers of up to 64 MiB on the heap instead of a fresh mmap each.
+
+    By default glibc maps every allocation of 128 KiB or more anew (the threshold only rises
+    once such a block is freed), so each 1 MiB read of a segment page-faulted 256 fresh pages
+    in: binary WebSocket push ran at 4.6 M records/s until some larger buffer had been freed,
+    and at 12-16 M/s after (benchmarks/consumers.py, docs/benchmarks.md). Freed heap memory
+    above 128 MiB is still returned to the system. Not glibc (no ``mallopt``): nothing to do.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
 
 
 class _Server(uvicorn.Server):
