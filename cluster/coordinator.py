@@ -92,7 +92,6 @@ class Coordinator:
         self._offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         self._events: dict[str, asyncio.Event] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._poll_cursor: dict[str, int] = {}
         self._loaded_ms = 0
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()  # tombstone writes in flight
@@ -310,7 +309,9 @@ class Coordinator:
         ):
             del self.groups[group.group_id]
             self._locks.pop(group.group_id, None)
-            self._poll_cursor.pop(group.group_id, None)
+            event = self._events.pop(group.group_id, None)
+            if event is not None:
+                event.set()  # nobody should be waiting; if someone is, they look again
 
     async def _expire_offsets(self, now_ms: int) -> None:
         for group_id, offsets in list(self._offsets.items()):
@@ -485,8 +486,8 @@ class Coordinator:
     ) -> list[Fetched]:
         if not tps:
             return []
-        cursor = self._poll_cursor.get(member.member_id, 0) % len(tps)
-        self._poll_cursor[member.member_id] = cursor + 1
+        cursor = member.poll_cursor % len(tps)
+        member.poll_cursor = cursor + 1
         out: list[Fetched] = []
         budget = max_bytes
         for tp in tps[cursor:] + tps[:cursor]:

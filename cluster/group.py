@@ -68,6 +68,7 @@ class Member:
     revoke_deadline_ms: int | None = None
     departed: bool = False  # a static member that left; its partitions wait for it
     positions: dict[TopicPartition, int] = field(default_factory=dict)  # next fetch offsets
+    poll_cursor: int = 0  # which assigned partition a poll reads first (round robin)
 
     @property
     def fetchable(self) -> set[TopicPartition]:
