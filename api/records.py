@@ -520,9 +520,7 @@ async def fetch(
         body, count, last = encode_json(result.data, offset, max_records, sep=b"\n")
     else:
         body, count, last = encode_json(result.data, offset, max_records)
-    next_offset = last + 1 if count else offset
-    if count and count < max_records:
-        next_offset = max(next_offset, result.next_offset)
+    next_offset = next_offset_after(offset, count, last, max_records, read_end(offset, result))
     headers = _position_headers(next_offset, hw, result)
     if kind == NDJSON:
         body = body + b"\n" if count else body
@@ -537,6 +535,23 @@ async def fetch(
     )
     doc = b'{"records":[' + body + b"]," + tail[1:]
     return Reply(200, doc, JSON, headers, count, len(result.data))
+
+
+def read_end(start: int, result: Any) -> int:
+    """The offset just past the batches a read returned (``start`` if it returned none)."""
+    return int(result.next_offset) if result.data else start
+
+
+def next_offset_after(start: int, count: int, last: int, limit: int, end: int) -> int:
+    """Where a consumer goes on after taking ``count`` records, the last at offset ``last``,
+    of a read from ``start`` whose batches end at ``end``: past what it took, or past the whole
+    read when it took everything there (fewer than ``limit``) or nothing — a read of batches
+    with no record at or after ``start`` is a gap compaction left, skipped, not re-read."""
+    if count == 0:
+        return max(start, end)
+    if count < limit:
+        return max(last + 1, end)
+    return last + 1
 
 
 def decode_from(data: bytes, offset: int, max_records: int) -> list[Record]:

@@ -31,7 +31,15 @@ from core_log.errors import LogbusError, OffsetOutOfRangeError
 from core_log.recordjson import encode_json
 
 from .problems import bad_request, problem_body
-from .records import JSON, NDJSON, Reply, decode_from, int_param, media_type
+from .records import (
+    JSON,
+    NDJSON,
+    Reply,
+    decode_from,
+    int_param,
+    media_type,
+    next_offset_after,
+)
 from .records_codec import record_to_json
 from .settings import Settings
 
@@ -57,11 +65,7 @@ def _taken_json(f: Fetched, max_records: int, sep: bytes) -> tuple[bytes, int, i
 
 
 def _next_offset(f: Fetched, count: int, last: int, max_records: int) -> int:
-    if count and count < max_records:
-        return max(last + 1, f.result.next_offset)
-    if count:
-        return last + 1
-    return max(f.offset, f.result.next_offset)  # a gap (compaction): skip it
+    return next_offset_after(f.offset, count, last, max_records, f.result.next_offset)
 
 
 def assignment_doc(r: Reconciled, heartbeat_interval_ms: int) -> dict[str, Any]:

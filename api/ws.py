@@ -406,23 +406,20 @@ class Session:
             if result.next_offset > pos:
                 self._advance(tp, result.next_offset)  # a compacted gap
             return 0
-        complete = count < limit  # everything read was encoded
         head = b'{"type":"records","topic":%s,"partition":%d,"records":[' % (
             orjson.dumps(tp[0]),
             tp[1],
         )
         while True:
-            next_offset = last + 1
-            if complete:
-                next_offset = max(next_offset, result.next_offset)
+            next_offset = records.next_offset_after(pos, count, last, limit, result.next_offset)
             frame = b'%s%s],"next_offset":%d,"high_watermark":%d}' % (head, body, next_offset, hw)
             if self.credit.fits(count, len(frame)):
                 break
             if count == 1:
                 await self._stalled(tp, 1, len(frame))
                 return 0
-            body, count, last = encode_json(result.data, pos, count // 2)
-            complete = False
+            limit = count // 2  # fewer records than were read: stop right after them
+            body, count, last = encode_json(result.data, pos, limit)
         self.credit.use(count, len(frame))
         self._advance(tp, next_offset)
         await self.ws.send_text(frame.decode())
