@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core_log.errors import ErrorCode, LogbusError
 
-from . import records
+from . import records, streams
 from .problems import PROBLEM_JSON, payload_too_large, problem_bytes
 from .state import AppState
 
@@ -126,10 +126,8 @@ class FastPath:
 
 def _wants_sse(scope: Scope) -> bool:
     """SSE streams are served by the FastAPI route (a streaming response)."""
-    for k, v in scope["headers"]:
-        if k == b"accept":
-            return b"text/event-stream" in v.lower()
-    return False
+    accept = next((v for k, v in scope["headers"] if k == b"accept"), None)
+    return accept is not None and streams.wants_sse(accept.decode("latin-1"))
 
 
 def _headers(scope: Scope) -> dict[str, str]:
