@@ -180,6 +180,22 @@ def _require_all(
         )
 
 
+def starting_offsets(
+    client: LogbusClient, o: SourceOptions, states: dict[TopicPartition, PartitionState]
+) -> PartitionOffsets:
+    """Where a new query starts: ``startingTimestamp``, ``startingOffsetsByTimestamp`` or
+    ``startingOffsets``, resolved against the partitions' current state."""
+    return resolve_offsets(
+        client,
+        states,
+        o.starting,
+        o.starting_timestamp,
+        o.starting_by_timestamp,
+        what="startingOffsets",
+        no_match=o.timestamp_strategy,
+    )
+
+
 def report_data_loss(fail: bool, message: str) -> None:
     if fail:
         raise DataLossError(f"{message} {DATA_LOSS_HINT}")
@@ -326,17 +342,8 @@ class LogbusStreamReader(_Driver, DataSourceStreamReader, SupportsTriggerAvailab
 
     def initialOffset(self) -> dict[str, Any]:
         o = self.opts
-        states = discover(self.client(), o.subscription)
-        start = resolve_offsets(
-            self.client(),
-            states,
-            o.starting,
-            o.starting_timestamp,
-            o.starting_by_timestamp,
-            what="startingOffsets",
-            no_match=o.timestamp_strategy,
-        )
-        return to_json_dict(start)
+        client = self.client()
+        return to_json_dict(starting_offsets(client, o, discover(client, o.subscription)))
 
     def prepareForTriggerAvailableNow(self) -> None:
         states = discover(self.client(), self.opts.subscription)
@@ -416,15 +423,7 @@ class LogbusBatchReader(_Driver, DataSourceReader):
         client = self.client()
         try:
             states = discover(client, o.subscription)
-            start = resolve_offsets(
-                client,
-                states,
-                o.starting,
-                o.starting_timestamp,
-                o.starting_by_timestamp,
-                what="startingOffsets",
-                no_match=o.timestamp_strategy,
-            )
+            start = starting_offsets(client, o, states)
             end = resolve_offsets(
                 client,
                 states,
