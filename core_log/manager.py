@@ -35,6 +35,7 @@ from .checkpoint import fsync_dir
 from .cleaner import DEFAULT_MAX_KEYS, CleanResult, cleaning_priority
 from .clock import Clock, SystemClock
 from .config import LogConfig
+from .datadir import DataDirLock
 from .errors import (
     InvalidTopicError,
     KafkaStorageError,
@@ -200,8 +201,14 @@ class LogManager:
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
         cleaner_max_keys: int = DEFAULT_MAX_KEYS,
         cleaner_io_bytes_per_s: float | None = None,
+        dir_lock: DataDirLock | None = None,
     ) -> None:
+        """``dir_lock``: the data directory's lock when the caller took it already (the
+        server takes it before the metadata store opens); otherwise :meth:`start` takes one and
+        :meth:`close` releases it."""
         self.data_dir = Path(data_dir)
+        self.dir_lock = dir_lock or DataDirLock(self.data_dir)
+        self._owns_lock = dir_lock is None
         self.clock = clock or SystemClock()
         self._config_for = config_for or (lambda _topic: LogConfig())
         self.handles = HandleCache(max_open_handles)
@@ -219,9 +226,20 @@ class LogManager:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
+    def lock_data_dir(self) -> None:
+        """Take the data directory's exclusive lock (:mod:`core_log.datadir`) unless held;
+        raises :class:`~core_log.datadir.DataDirInUseError` at once if another process has it."""
+        self.dir_lock.acquire()
+
+    def unlock_data_dir(self) -> None:
+        """Release the lock if this manager took it (a lock handed in stays with its owner)."""
+        if self._owns_lock:
+            self.dir_lock.release()
+
     async def start(self, *, background: bool = True) -> None:
-        """Open (and, after a crash, recover) every partition, then start background tasks."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        """Lock the data directory, open (and, after a crash, recover) every partition, then
+        start background tasks."""
+        self.lock_data_dir()
         marker = self.data_dir / CLEAN_SHUTDOWN_FILE
         self.was_clean_shutdown = marker.exists()
         await asyncio.to_thread(self._open_all, self.was_clean_shutdown)
@@ -264,8 +282,11 @@ class LogManager:
                 await task
         self._tasks = []
         self.release_waiters()
-        await asyncio.to_thread(self._close_all)
-        self.started = False
+        try:
+            await asyncio.to_thread(self._close_all)
+        finally:
+            self.started = False
+            self.unlock_data_dir()
 
     def _close_all(self) -> None:
         for p in self._partitions.values():

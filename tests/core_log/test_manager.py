@@ -24,6 +24,7 @@ import pytest
 from core_log.batch import Record, build_batch, decode_records, scan_batches
 from core_log.clock import ManualClock
 from core_log.config import LogConfig
+from core_log.datadir import LOCK_FILE
 from core_log.errors import (
     InvalidTopicError,
     OffsetOutOfRangeError,
@@ -61,10 +62,12 @@ async def read_values(p: Partition, start: int | None = None) -> list[tuple[int,
 
 def abandon(manager: LogManager) -> None:
     """Forget ``manager`` as a killed broker would: no close, no checkpoint, no marker. Only
-    the descriptors are closed so the test process does not leak them."""
+    the descriptors are closed so the test process does not leak them, and the data
+    directory's lock goes as the kernel drops it when a process dies."""
     for p in manager.partitions():
         for segment in p.log.segments:
             manager.handles.close(segment._handle)
+    manager.dir_lock.release()
 
 
 def make_manager(path: Path, **kwargs: Any) -> LogManager:
@@ -140,7 +143,7 @@ def test_invalid_topic_names(tmp_path: Path, name: str) -> None:
         await m.close()
 
     run(main)
-    assert sorted(e.name for e in tmp_path.iterdir()) == [CLEAN_SHUTDOWN_FILE]
+    assert sorted(e.name for e in tmp_path.iterdir()) == [CLEAN_SHUTDOWN_FILE, LOCK_FILE]
 
 
 def test_topic_name_with_trailing_newline_is_invalid(tmp_path: Path) -> None:
@@ -179,7 +182,7 @@ def test_delete_partition_of_longest_topic_name(tmp_path: Path) -> None:
             await m.delete("t" * 249, 0)
         finally:
             await m.close()
-        assert [e.name for e in tmp_path.iterdir()] == [CLEAN_SHUTDOWN_FILE]
+        assert sorted(e.name for e in tmp_path.iterdir()) == [CLEAN_SHUTDOWN_FILE, LOCK_FILE]
 
     run(main)
 
