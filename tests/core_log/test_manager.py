@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from core_log import fileio
 from core_log.batch import Record, build_batch, decode_records, scan_batches
 from core_log.clock import ManualClock
 from core_log.config import LogConfig
@@ -369,8 +370,6 @@ def test_flush_concurrent_with_appends(tmp_path: Path, monkeypatch: pytest.Monke
     the GIL is released) and lets another thread append meanwhile. (While the flush wrote the
     pending bytearray itself, the append raised BufferError after its batch was written.)
     """
-    import core_log.index as index_module
-
     config = LogConfig(index_interval_bytes=0)  # every batch gets an index entry
     log = PartitionLog(tmp_path / "log", config, ManualClock(T0), HandleCache())
     log.append(batch(b"first"))
@@ -396,15 +395,12 @@ def test_flush_concurrent_with_appends(tmp_path: Path, monkeypatch: pytest.Monke
             t.join(10)
             return real_write(fd, held)
 
-    class OsProxy:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(os, name)
+    class RacingFiles(fileio.FileOps):
+        def write(self, fd: int, data: Any) -> int:
+            return racing_write(fd, data)
 
-        write = staticmethod(racing_write)
-
-    monkeypatch.setattr(index_module, "os", OsProxy())
-    log.flush()
-    monkeypatch.undo()
+    with fileio.injected(RacingFiles()):
+        log.flush()
     assert raced
     assert errors == [], f"append during flush failed: {errors!r}"
     log.close()
