@@ -14,6 +14,10 @@ Theory of operation
   partition leaves it to the replication layer (:meth:`Partition.set_high_watermark`).
 * Long-polls: :meth:`Partition.wait_for` parks a future per waiter, resolved when the high
   watermark moves; no polling, and the number of waiters per partition is bounded.
+* Storage failures (:mod:`core_log.logdir`): a failed fsync, or a write that cannot be undone,
+  takes the data directory offline — every partition answers KAFKA_STORAGE_ERROR, pending
+  acknowledgements fail, and nothing more is written until a restart recovers the logs; a
+  full-disk append that was undone fails alone.
 * Background: a flusher honours ``flush.ms``; a janitor applies retention, ``segment.ms`` rolls,
   compacts the compacted logs that are due (dirtiest first, :mod:`core_log.cleaner`) and writes
   checkpoints, each pass bounded in cost.

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from core_log.config import LogConfig
 from core_log.errors import ErrorCode, KafkaStorageError, StorageFullError
 from core_log.manager import CLEAN_SHUTDOWN_FILE, LogManager
 from tests.core_log.faults import EDQUOT, EIO, ENOSPC, faulty_files
@@ -198,18 +199,21 @@ def test_full_disk_on_an_index_write_keeps_the_directory_online(tmp_path: Path) 
     """An index only speeds lookups up: its entries wait for the next flush."""
 
     async def main() -> None:
-        m = make_manager(tmp_path)
+        every_batch_indexed = LogConfig(index_interval_bytes=0)
+        m = make_manager(tmp_path, config_for=lambda _t: every_batch_indexed)
         await m.start(background=False)
         p = await m.create("t", 0)
         await p.append(batch(b"a"), durable=True)
         await p.append(batch(b"b"))
         index = p.log.segments[0].offset_index.path
-        before = os.path.getsize(index)
+        assert os.path.getsize(index) == 8
         with faulty_files() as files:
             files.index_write_errors = [ENOSPC]
             await p.sync(p.log_end_offset)
+            assert files.index_write_errors == []  # the index write did fail
         assert not m.offline and p.log.recovery_point == 2
-        await m.close()  # the pending entries go out now
-        assert os.path.getsize(index) >= before
+        assert os.path.getsize(index) == 8  # cut back to whole entries
+        await m.close()  # the pending entry goes out now
+        assert os.path.getsize(index) == 16
 
     run(main)
