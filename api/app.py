@@ -12,6 +12,7 @@ from fastapi_offline import FastAPIOffline
 
 from cluster.broker import Broker, BrokerConfig
 from cluster.coordinator import Coordinator
+from core_log.datadir import DataDirLock
 
 from . import errors
 from .fastpath import FastPath
@@ -94,7 +95,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
-    broker = Broker(broker_config(settings))
+    broker = Broker(broker_config(settings), dir_lock=getattr(app.state, "dir_lock", None))
     await broker.start()
     coordinator = Coordinator(
         broker,
@@ -121,10 +122,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await broker.close()
 
 
-def create_app(settings: Settings | None = None) -> FastPath:
-    """The whole ASGI app: :class:`FastPath` in front of the FastAPI app."""
+def create_app(settings: Settings | None = None, dir_lock: DataDirLock | None = None) -> FastPath:
+    """The whole ASGI app: :class:`FastPath` in front of the FastAPI app. ``dir_lock``: the
+    data directory's lock, when the caller took it already (see :func:`api.server.serve`)."""
     settings = settings or Settings()
     app = create_fastapi(settings)
+    app.state.dir_lock = dir_lock
     fast = FastPath(app)
     app.state.fast_path = fast
     return fast

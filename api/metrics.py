@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.broker import Broker
@@ -58,6 +58,28 @@ class _PartitionCollector(Collector):
         yield from (leo, hw, lso, size)
 
 
+class _LogDirCollector(Collector):
+    """Whether the data directory is offline after a storage error, and how many storage
+    errors (failed writes, fsyncs, reads; full-disk appends included) it has seen."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        d = self.broker.logs.log_dir
+        offline = GaugeMetricFamily(
+            "logbus_log_dir_offline",
+            "1 once the data directory failed (restart to recover)",
+            labels=["log_dir"],
+        )
+        offline.add_metric([str(d.path)], 1 if d.offline else 0)
+        errors = CounterMetricFamily(
+            "logbus_storage_errors", "Storage errors in the data directory", labels=["log_dir"]
+        )
+        errors.add_metric([str(d.path)], d.storage_errors)
+        yield from (offline, errors)
+
+
 class _GroupCollector(Collector):
     """Per group: members and total lag; per committed partition: the lag (scrape time)."""
 
@@ -103,6 +125,7 @@ class Metrics:
         self.records_in = Counter("logbus_records_in", "Records produced", ["topic"], registry=r)
         self.records_out = Counter("logbus_records_out", "Records fetched", ["topic"], registry=r)
         r.register(_PartitionCollector(broker))
+        r.register(_LogDirCollector(broker))
         if coordinator is not None:
             r.register(_GroupCollector(coordinator))
         self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}

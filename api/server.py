@@ -1,14 +1,22 @@
-"""Run a broker: uvicorn serving the Logbus app, with a prompt shutdown for long-polls."""
+"""Run a broker: uvicorn serving the Logbus app, with a prompt shutdown for long-polls.
+
+Start order: bind the listening socket, then lock the data directory, then open it (in the
+app's lifespan). A broker that cannot bind its port, or finds the directory locked by another
+broker, exits with status 1 and one line on stderr, having changed nothing in the directory.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import ctypes
+import socket
 import sys
 from types import FrameType
 
 import uvicorn
+
+from core_log.datadir import DataDirInUseError, DataDirLock
 
 from .app import create_app
 from .fastpath import FastPath
@@ -24,12 +32,51 @@ def serve(settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except OSError as e:
+        print(
+            f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}; "
+            f"data directory {settings.data_dir.resolve()} left untouched",
+            file=sys.stderr,
+        )
+        return 1
+    dir_lock = DataDirLock(settings.data_dir)
+    try:
+        dir_lock.acquire()
+    except (DataDirInUseError, OSError) as e:
+        sock.close()
+        print(f"cannot start: {e}", file=sys.stderr)
+        return 1
+    try:
+        _run(settings, sock, dir_lock)
+    finally:
+        sock.close()
+        dir_lock.release()
+    return 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not yet listening: uvicorn listens once the app has
+    started). Family and ``SO_REUSEADDR`` as uvicorn chooses them when it binds itself."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _run(settings: Settings, sock: socket.socket, dir_lock: DataDirLock) -> None:
     base = f"http://{settings.host}:{settings.port}"
     print(f"Logbus API:  {base}/v1", flush=True)
     print(f"Docs UI:     {base}/docs", flush=True)
     print(f"Data dir:    {settings.data_dir.resolve()}", flush=True)
     tune_allocator()
-    app = create_app(settings)
+    app = create_app(settings, dir_lock)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -41,8 +88,7 @@ def serve(settings: Settings) -> int:
         ws_max_size=settings.max_ws_message_bytes,
         ws_per_message_deflate=settings.ws_compression,
     )
-    _Server(config, app).run()
-    return 0
+    _Server(config, app).run(sockets=[sock])
 
 
 # glibc's mallopt parameters (malloc.h) and the values the broker sets.

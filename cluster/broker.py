@@ -29,6 +29,7 @@ from typing import Any
 from core_log.batch import HEADER_BYTES, parse_header
 from core_log.clock import Clock, SystemClock
 from core_log.config import KEYS_BY_NAME, LogConfig
+from core_log.datadir import DataDirLock
 from core_log.errors import (
     ErrorCode,
     InvalidConfigError,
@@ -83,7 +84,14 @@ class BrokerConfig:
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        clock: Clock | None = None,
+        dir_lock: DataDirLock | None = None,
+    ) -> None:
+        """``dir_lock``: the data directory's lock if the caller holds it already."""
         self.config = config
         self.clock = clock or SystemClock()
         self.data_dir = config.data_dir
@@ -96,6 +104,7 @@ class Broker:
             config_for=self.log_config,
             max_open_handles=config.max_open_handles,
             retention_check_interval_ms=config.retention_check_interval_ms,
+            dir_lock=dir_lock,
         )
         self.sticky = StickyPartitioner()
         self._admin_lock = asyncio.Lock()
@@ -105,7 +114,17 @@ class Broker:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        """Lock the data directory first (a second broker on it fails here, having touched
+        nothing), then open the metadata store and the logs."""
+        self.logs.lock_data_dir()
+        try:
+            await self._start_locked()
+        except BaseException:
+            if not self.logs.started:
+                self.logs.unlock_data_dir()
+            raise
+
+    async def _start_locked(self) -> None:
         url = self.config.metadata_url or f"sqlite:///{self.data_dir / 'metadata.db'}"
         self.metadata = await asyncio.to_thread(MetadataStore, url)
         await asyncio.to_thread(

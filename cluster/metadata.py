@@ -7,18 +7,26 @@ metadata: every change is one transaction, and rows that can be changed concurre
 writer cannot overwrite a newer decision.
 
 Calls are synchronous (SQLAlchemy Core); async callers run them in a worker thread.
+
+Storage failures of the store itself (SQLite's "database or disk is full", "disk I/O error", a
+database file that cannot be opened, a lost PostgreSQL connection: SQLAlchemy's
+``OperationalError``) surface as :class:`~core_log.errors.KafkaStorageError` (503, retriable):
+the transaction was rolled back, so the failed call changed nothing and a retry may succeed.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from core_log.errors import (
     ErrorCode,
+    KafkaStorageError,
     LogbusError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -126,7 +134,26 @@ class ConcurrentUpdateError(LogbusError):
     code = ErrorCode.CONCURRENT_UPDATE
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _storage_errors(method: Callable[P, R]) -> Callable[P, R]:
+    """Turn the store's own storage failures into a retriable KAFKA_STORAGE_ERROR."""
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except OperationalError as e:
+            cause = str(e.orig) if e.orig is not None else str(e)
+            raise KafkaStorageError(f"metadata store failed ({cause}); nothing was changed") from e
+
+    return wrapper
+
+
 class MetadataStore:
+    @_storage_errors
     def __init__(self, url: str) -> None:
         kwargs: dict[str, Any] = {}
         if url.startswith("sqlite"):
@@ -141,6 +168,7 @@ class MetadataStore:
 
     # -- brokers -----------------------------------------------------------------------------------
 
+    @_storage_errors
     def register_broker(self, broker: BrokerMeta, lease_expires_ms: int) -> None:
         row = {
             "host": broker.host,
@@ -157,6 +185,7 @@ class MetadataStore:
             if not updated:
                 c.execute(brokers_table.insert().values(broker_id=broker.broker_id, **row))
 
+    @_storage_errors
     def brokers(self) -> list[BrokerMeta]:
         with self.engine.connect() as c:
             rows = c.execute(sa.select(brokers_table).order_by(brokers_table.c.broker_id))
@@ -164,6 +193,7 @@ class MetadataStore:
 
     # -- topics ------------------------------------------------------------------------------------
 
+    @_storage_errors
     def create_topic(self, topic: TopicMeta) -> TopicMeta:
         try:
             with self.engine.begin() as c:
@@ -186,6 +216,7 @@ class MetadataStore:
             raise TopicAlreadyExistsError(f"topic {topic.name!r} already exists") from None
         return topic
 
+    @_storage_errors
     def topics(self) -> list[TopicMeta]:
         with self.engine.connect() as c:
             rows = c.execute(sa.select(topics_table).order_by(topics_table.c.name)).all()
@@ -199,6 +230,7 @@ class MetadataStore:
             by_topic.setdefault(p.topic, []).append(_partition_meta(p))
         return [_topic_meta(r, by_topic.get(r.name, [])) for r in rows]
 
+    @_storage_errors
     def topic(self, name: str) -> TopicMeta:
         with self.engine.connect() as c:
             row = c.execute(sa.select(topics_table).where(topics_table.c.name == name)).first()
@@ -211,6 +243,7 @@ class MetadataStore:
             ).all()
         return _topic_meta(row, [_partition_meta(p) for p in parts])
 
+    @_storage_errors
     def delete_topic(self, name: str) -> None:
         with self.engine.begin() as c:
             deleted = c.execute(topics_table.delete().where(topics_table.c.name == name)).rowcount
@@ -218,6 +251,7 @@ class MetadataStore:
                 raise UnknownTopicOrPartitionError(f"unknown topic {name!r}", topic=name)
             c.execute(partitions_table.delete().where(partitions_table.c.topic == name))
 
+    @_storage_errors
     def update_topic(
         self,
         name: str,
@@ -249,6 +283,7 @@ class MetadataStore:
 
     # -- producers ---------------------------------------------------------------------------------
 
+    @_storage_errors
     def init_producer(self, name: str | None) -> tuple[int, int]:
         """(producer id, epoch) for a new producer session, in one transaction.
 
@@ -277,6 +312,7 @@ class MetadataStore:
                     c.execute(producer_names_table.insert().values(name=name, **values))
             return pid, epoch
 
+    @_storage_errors
     def claim_idempotency_key(
         self, key: str, digest: str, now_ms: int, window_ms: int
     ) -> tuple[int, str]:
@@ -302,6 +338,7 @@ class MetadataStore:
             )
             return pid, digest
 
+    @_storage_errors
     def producer_epochs(self) -> dict[int, int]:
         """Latest epoch of every named producer (the epochs that fence older sessions)."""
         with self.engine.connect() as c:

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import orjson
 
+from . import fileio
 from .errors import KafkaStorageError
 
 
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        fileio.ops.fsync(fd)
     finally:
         os.close(fd)
 
@@ -27,9 +28,9 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         view = memoryview(data)
         while view:
-            n = os.write(fd, view)
+            n = fileio.ops.write(fd, view)
             view = view[n:]
-        os.fsync(fd)
+        fileio.ops.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)

@@ -14,6 +14,7 @@ status the API answers with. Programmer errors stay ``AssertionError``/``TypeErr
     ├── TopicAlreadyExistsError     TOPIC_ALREADY_EXISTS     409
     ├── InvalidConfigError          INVALID_CONFIG           400
     ├── KafkaStorageError           KAFKA_STORAGE_ERROR      503  (retriable)
+    │   └── StorageFullError        KAFKA_STORAGE_ERROR      503  (undone; nothing changed)
     └── ... (any ErrorCode through LogbusError(code, message))
 """
 
@@ -162,6 +163,11 @@ class UnsupportedCompressionError(LogbusError):
 
 
 class KafkaStorageError(LogbusError):
-    """The disk failed under us (I/O error); the partition is offline until restart."""
+    """The disk failed under us (I/O error); the log directory is offline until restart."""
 
     code = ErrorCode.KAFKA_STORAGE_ERROR
+
+
+class StorageFullError(KafkaStorageError):
+    """An append found the disk full (ENOSPC/EDQUOT) and was undone: nothing changed, the log
+    directory stays online, and the same append succeeds once space is freed."""

@@ -18,10 +18,13 @@ from the log. Threading: owned by one :class:`~core_log.segment.LogSegment`, und
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 import struct
 from array import array
 from pathlib import Path
+
+from . import fileio
 
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
@@ -58,15 +61,29 @@ class _IndexFile:
         buffer is swapped out first (one atomic rebinding under the GIL), so an entry added
         meanwhile lands in the new buffer and is written by the next flush — never lost, and
         the appending thread never sees a buffer that is being written.
+
+        A full disk (ENOSPC/EDQUOT) cuts the file back to whole entries and keeps the entries
+        pending for the next flush: an index only speeds lookups up (a missing entry means a
+        longer header scan, and recovery rebuilds it), so it must not take the log offline.
+        Any other failure raises ``OSError``.
         """
         pending, self._pending = self._pending, bytearray()
         if not pending:
             return
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, pending)
+            size = os.fstat(fd).st_size
+            try:
+                if fileio.ops.write(fd, pending) != len(pending):
+                    raise OSError(errno.ENOSPC, "short write")
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                fileio.ops.ftruncate(fd, size)
+                self._pending[:0] = pending
+                return
             if fsync:
-                os.fsync(fd)
+                fileio.ops.fsync(fd)
         finally:
             os.close(fd)
 

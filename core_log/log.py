@@ -54,6 +54,7 @@ from .errors import (
     KafkaStorageError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    StorageFullError,
 )
 from .handles import HandleCache
 from .limits import MAX_FETCH_BYTES, MAX_SEGMENTS_DELETED_PER_PASS
@@ -230,25 +231,16 @@ class PartitionLog:
             now = self.clock.now_ms()
             append_time = now if self.config.log_append_time and not as_follower else -1
             batches = self._prepared(view, headers, append_time, as_follower)
-            offset = self.log_end_offset
+            start = offset = self.log_end_offset
             first = headers[0].base_offset if as_follower else offset
-            for raw, h in batches:
-                if as_follower:
-                    prefix = bytes(raw[:PREFIX_BYTES])
-                    epoch = h.partition_leader_epoch
-                else:
-                    prefix = PREFIX.pack(offset, h.batch_length, leader_epoch)
-                    epoch = leader_epoch
-                    h = h.at(offset, leader_epoch)
-                segment = self._segment_for(h)
-                if segment.is_empty:
-                    segment.rolling_base_ms = now
-                segment.append(prefix, raw[PREFIX_BYTES:], h)
-                if self.epochs.assign(epoch, h.base_offset):
-                    self.epochs.store()
-                if h.producer_id >= 0:
-                    self.producers.update(h, h.base_offset, now)
-                offset = h.next_offset
+            try:
+                offset = self._write_batches(batches, offset, leader_epoch, as_follower, now)
+            except StorageFullError:
+                # The failed batch was cut off; earlier batches of the request go too, so the
+                # request changes nothing (an undo that fails raises: the directory is lost).
+                if self.log_end_offset > start:
+                    self.truncate_to(start)
+                raise
             return AppendResult(
                 base_offset=first,
                 last_offset=offset - 1,
@@ -257,6 +249,34 @@ class PartitionLog:
                 size_bytes=len(view),
                 log_append_time_ms=append_time,
             )
+
+    def _write_batches(
+        self,
+        batches: list[tuple[memoryview, BatchHeader]],
+        offset: int,
+        leader_epoch: int,
+        as_follower: bool,
+        now: int,
+    ) -> int:
+        """Write prepared batches from ``offset`` on; return the offset after the last."""
+        for raw, h in batches:
+            if as_follower:
+                prefix = bytes(raw[:PREFIX_BYTES])
+                epoch = h.partition_leader_epoch
+            else:
+                prefix = PREFIX.pack(offset, h.batch_length, leader_epoch)
+                epoch = leader_epoch
+                h = h.at(offset, leader_epoch)
+            segment = self._segment_for(h)
+            if segment.is_empty:
+                segment.rolling_base_ms = now
+            segment.append(prefix, raw[PREFIX_BYTES:], h)
+            if self.epochs.assign(epoch, h.base_offset):
+                self.epochs.store()
+            if h.producer_id >= 0:
+                self.producers.update(h, h.base_offset, now)
+            offset = h.next_offset
+        return offset
 
     def _prepared(
         self,
@@ -744,6 +764,18 @@ class PartitionLog:
     def update_config(self, config: LogConfig) -> None:
         with self._lock:
             self.config = config
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def abandon(self) -> None:
+        """Close every file without flushing or writing anything: the log directory failed,
+        so nothing more may reach it, and the next start recovers from the last checkpoint."""
+        with self._lock:
+            for segment in self._segments:
+                segment.abandon()
+            self._closed = True
 
     def close(self) -> None:
         """Flush and close: after this the log may be reopened with ``clean_shutdown=True``."""

@@ -14,6 +14,10 @@ Theory of operation
   partition leaves it to the replication layer (:meth:`Partition.set_high_watermark`).
 * Long-polls: :meth:`Partition.wait_for` parks a future per waiter, resolved when the high
   watermark moves; no polling, and the number of waiters per partition is bounded.
+* Storage failures (:mod:`core_log.logdir`): a failed fsync, or a write that cannot be undone,
+  takes the data directory offline — every partition answers KAFKA_STORAGE_ERROR, pending
+  acknowledgements fail, and nothing more is written until a restart recovers the logs; a
+  full-disk append that was undone fails alone.
 * Background: a flusher honours ``flush.ms``; a janitor applies retention, ``segment.ms`` rolls,
   compacts the compacted logs that are due (dirtiest first, :mod:`core_log.cleaner`) and writes
   checkpoints, each pass bounded in cost.
@@ -35,6 +39,7 @@ from .checkpoint import fsync_dir
 from .cleaner import DEFAULT_MAX_KEYS, CleanResult, cleaning_priority
 from .clock import Clock, SystemClock
 from .config import LogConfig
+from .datadir import DataDirLock
 from .errors import (
     InvalidTopicError,
     KafkaStorageError,
@@ -48,6 +53,7 @@ from .limits import (
     OFF_LOOP_IO_BYTES,
 )
 from .log import AppendResult, PartitionLog, ReadResult, RetentionResult
+from .logdir import LogDirectory
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
 log = logging.getLogger("logbus.storage")
@@ -72,13 +78,25 @@ def validate_topic_name(name: str) -> None:
 
 
 class Partition:
-    """Async facade over one :class:`PartitionLog`. Methods run on the event loop."""
+    """Async facade over one :class:`PartitionLog`. Methods run on the event loop.
 
-    def __init__(self, topic: str, partition: int, log: PartitionLog, auto_hw: bool) -> None:
+    Appends, reads and waits raise KAFKA_STORAGE_ERROR once the partition's log directory is
+    offline (:mod:`core_log.logdir`); a storage error in one of them takes it offline.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        log: PartitionLog,
+        auto_hw: bool,
+        log_dir: LogDirectory | None = None,
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.log = log
         self.auto_high_watermark = auto_hw
+        self.log_dir = log_dir or LogDirectory(log.directory.parent)
         self._waiters: set[asyncio.Future[None]] = set()
         self._flush_task: asyncio.Task[int] | None = None
         self.last_flush_ms = log.clock.monotonic_ms()
@@ -107,12 +125,16 @@ class Partition:
     ) -> AppendResult:
         """Append whole batches; with ``durable`` (or when ``flush.messages`` is reached) wait
         for an fsync covering them. Advances the high watermark in standalone mode."""
-        if len(data) >= OFF_LOOP_IO_BYTES:
-            result = await asyncio.to_thread(
-                self.log.append, data, leader_epoch=leader_epoch, as_follower=as_follower
-            )
-        else:
-            result = self.log.append(data, leader_epoch=leader_epoch, as_follower=as_follower)
+        self.log_dir.check()
+        try:
+            if len(data) >= OFF_LOOP_IO_BYTES:
+                result = await asyncio.to_thread(
+                    self.log.append, data, leader_epoch=leader_epoch, as_follower=as_follower
+                )
+            else:
+                result = self.log.append(data, leader_epoch=leader_epoch, as_follower=as_follower)
+        except (KafkaStorageError, OSError) as e:
+            raise self._storage_failure(e) from e
         end = result.last_offset + 1
         if durable or self.log.unflushed_records >= self.log.config.flush_messages:
             await self.sync(end)
@@ -121,23 +143,46 @@ class Partition:
         return result
 
     async def sync(self, offset: int) -> None:
-        """Return once everything below ``offset`` is fsynced (group commit)."""
+        """Return once everything below ``offset`` is fsynced (group commit).
+
+        Raises KAFKA_STORAGE_ERROR, for every waiter, if the fsync fails or the log directory
+        goes offline meanwhile (another partition's fsync failed): an fsync that succeeds after
+        a failed one proves nothing, so no pending acknowledgement is given.
+        """
         while self.log.recovery_point < offset:
+            self.log_dir.check()
             task = self._flush_task
             if task is None or task.done():
                 task = self._flush_task = asyncio.create_task(self._flush())
             await asyncio.shield(task)
+        self.log_dir.check()
 
     async def _flush(self) -> int:
         self.last_flush_ms = self.log.clock.monotonic_ms()
-        return await asyncio.to_thread(self.log.flush)
+        try:
+            return await asyncio.to_thread(self.log.flush)
+        except (KafkaStorageError, OSError) as e:
+            raise self._storage_failure(e) from e
+
+    def _storage_failure(self, error: BaseException) -> BaseException:
+        """What to raise for ``error`` from the log: a closed (deleted) log's errors pass
+        through; a storage error takes the log directory offline."""
+        if self.log.closed:
+            return error
+        return self.log_dir.failed(error)
 
     async def read(
         self, offset: int, max_bytes: int, *, max_offset: int | None = None
     ) -> ReadResult:
-        if max_bytes >= OFF_LOOP_IO_BYTES:
-            return await asyncio.to_thread(self.log.read, offset, max_bytes, max_offset=max_offset)
-        return self.log.read(offset, max_bytes, max_offset=max_offset)
+        self.log_dir.check()
+        try:
+            if max_bytes >= OFF_LOOP_IO_BYTES:
+                return await asyncio.to_thread(
+                    self.log.read, offset, max_bytes, max_offset=max_offset
+                )
+            return self.log.read(offset, max_bytes, max_offset=max_offset)
+        except (KafkaStorageError, OSError) as e:
+            raise self._storage_failure(e) from e
 
     def set_high_watermark(self, offset: int) -> None:
         before = self.log.high_watermark
@@ -154,11 +199,13 @@ class Partition:
         """Wait until the high watermark passes ``offset``; False on timeout.
 
         Returns at once (True if data is there) when the waiter bound is reached, and False
-        once the partition is released (deleted, or the broker is shutting down).
+        once the partition is released (deleted, or the broker is shutting down). Raises
+        KAFKA_STORAGE_ERROR if the log directory is (or goes) offline.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self.log.high_watermark <= offset:
+            self.log_dir.check()
             if self.released:
                 return False
             remaining = deadline - loop.time()
@@ -184,6 +231,10 @@ class Partition:
         self.released = True
         self._wake()
 
+    def wake_waiters(self) -> None:
+        """Make every waiter look again (its log directory went offline)."""
+        self._wake()
+
 
 class LogManager:
     def __init__(
@@ -200,8 +251,16 @@ class LogManager:
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
         cleaner_max_keys: int = DEFAULT_MAX_KEYS,
         cleaner_io_bytes_per_s: float | None = None,
+        dir_lock: DataDirLock | None = None,
     ) -> None:
+        """``dir_lock``: the data directory's lock when the caller took it already (the
+        server takes it before the metadata store opens); otherwise :meth:`start` takes one and
+        :meth:`close` releases it."""
         self.data_dir = Path(data_dir)
+        self.dir_lock = dir_lock or DataDirLock(self.data_dir)
+        self._owns_lock = dir_lock is None
+        self.log_dir = LogDirectory(self.data_dir)
+        self.log_dir.on_offline.append(self._wake_all)
         self.clock = clock or SystemClock()
         self._config_for = config_for or (lambda _topic: LogConfig())
         self.handles = HandleCache(max_open_handles)
@@ -219,9 +278,20 @@ class LogManager:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
+    def lock_data_dir(self) -> None:
+        """Take the data directory's exclusive lock (:mod:`core_log.datadir`) unless held;
+        raises :class:`~core_log.datadir.DataDirInUseError` at once if another process has it."""
+        self.dir_lock.acquire()
+
+    def unlock_data_dir(self) -> None:
+        """Release the lock if this manager took it (a lock handed in stays with its owner)."""
+        if self._owns_lock:
+            self.dir_lock.release()
+
     async def start(self, *, background: bool = True) -> None:
-        """Open (and, after a crash, recover) every partition, then start background tasks."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        """Lock the data directory, open (and, after a crash, recover) every partition, then
+        start background tasks."""
+        self.lock_data_dir()
         marker = self.data_dir / CLEAN_SHUTDOWN_FILE
         self.was_clean_shutdown = marker.exists()
         await asyncio.to_thread(self._open_all, self.was_clean_shutdown)
@@ -250,7 +320,7 @@ class LogManager:
                 entry, self._config_for(topic), self.clock, self.handles, clean_shutdown=clean
             )
             self._partitions[(topic, partition)] = Partition(
-                topic, partition, log, self.auto_high_watermark
+                topic, partition, log, self.auto_high_watermark, self.log_dir
             )
             if self.auto_high_watermark:
                 log.set_high_watermark(log.log_end_offset)
@@ -264,14 +334,33 @@ class LogManager:
                 await task
         self._tasks = []
         self.release_waiters()
-        await asyncio.to_thread(self._close_all)
-        self.started = False
+        try:
+            await asyncio.to_thread(self._close_all)
+        finally:
+            self.started = False
+            self.unlock_data_dir()
 
     def _close_all(self) -> None:
+        if self.log_dir.offline:
+            # Nothing more reaches a failed directory: no flush (a "successful" fsync after a
+            # failed one proves nothing), no checkpoint, no clean-shutdown marker, so the next
+            # start recovers every log from its last checkpoint.
+            for p in self._partitions.values():
+                p.log.abandon()
+            return
         for p in self._partitions.values():
             p.log.close()
         (self.data_dir / CLEAN_SHUTDOWN_FILE).write_bytes(b"")
         fsync_dir(self.data_dir)
+
+    @property
+    def offline(self) -> bool:
+        """Whether the data directory is offline after a storage error (see core_log.logdir)."""
+        return self.log_dir.offline
+
+    def _wake_all(self) -> None:
+        for p in self._partitions.values():
+            p.wake_waiters()
 
     # -- partitions ------------------------------------------------------------------------------
 
@@ -296,6 +385,7 @@ class LogManager:
         self, topic: str, partition: int, config: LogConfig | None = None
     ) -> Partition:
         validate_topic_name(topic)
+        self.log_dir.check()
         if partition < 0:
             raise UnknownTopicOrPartitionError(f"invalid partition {partition}")
         key = (topic, partition)
@@ -306,7 +396,9 @@ class LogManager:
             PartitionLog, directory, config or self._config_for(topic), self.clock, self.handles
         )
         await asyncio.to_thread(log.write_checkpoint)
-        p = self._partitions[key] = Partition(topic, partition, log, self.auto_high_watermark)
+        p = self._partitions[key] = Partition(
+            topic, partition, log, self.auto_high_watermark, self.log_dir
+        )
         return p
 
     async def delete(self, topic: str, partition: int) -> None:
@@ -317,7 +409,10 @@ class LogManager:
         await asyncio.to_thread(self._delete_files, p.log)
 
     def _delete_files(self, log: PartitionLog) -> None:
-        log.close()
+        if self.log_dir.offline:
+            log.abandon()
+        else:
+            log.close()
         # Not named after the topic: a 249-character topic name plus a suffix would pass the
         # 255-byte limit of a file name.
         target = log.directory.with_name(f"{uuid.uuid4().hex}{DELETE_SUFFIX}")
@@ -344,6 +439,10 @@ class LogManager:
             await self.flush_due()
 
     async def flush_due(self) -> int:
+        """Flush the partitions whose ``flush.ms`` passed; a failure takes the directory
+        offline (logged there, once) and ends the pass."""
+        if self.log_dir.offline:
+            return 0
         now = self.clock.monotonic_ms()
         due = [
             p
@@ -351,14 +450,19 @@ class LogManager:
             if p.log.unflushed_records > 0 and now - p.last_flush_ms >= p.log.config.flush_ms
         ]
         for p in due:
-            with contextlib.suppress(KafkaStorageError):
+            try:
                 await p.sync(p.log_end_offset)
+            except KafkaStorageError:
+                if self.log_dir.offline:
+                    break  # logged once by the directory; the rest would fail alike
         return len(due)
 
     async def _janitor(self) -> None:
         last_checkpoint = self.clock.monotonic_ms()
         while True:
             await asyncio.sleep(self.retention_check_interval_ms / 1000)
+            if self.log_dir.offline:
+                continue  # nothing more may be written to a failed directory
             try:
                 await self.run_retention()
                 await self.run_cleaner()
@@ -370,7 +474,9 @@ class LogManager:
 
     async def run_retention(self) -> list[RetentionResult]:
         """One retention, ``segment.ms`` and producer-expiry pass over every partition."""
-        results = []
+        results: list[RetentionResult] = []
+        if self.log_dir.offline:
+            return results
         for p in list(self._partitions.values()):
             await asyncio.to_thread(p.log.roll_if_expired)
             results.append(await asyncio.to_thread(p.log.apply_retention))
@@ -379,6 +485,8 @@ class LogManager:
 
     async def run_cleaner(self) -> list[CleanResult]:
         """One compaction pass over every compacted partition that is due, dirtiest first."""
+        if self.log_dir.offline:
+            return []
         now = self.clock.now_ms()
         due: list[tuple[float, Partition]] = []
         for p in list(self._partitions.values()):
@@ -403,6 +511,8 @@ class LogManager:
     async def write_checkpoints(self) -> int:
         """Write the checkpoint of every partition whose offsets changed; return how many."""
         written = 0
+        if self.log_dir.offline:
+            return written
         for p in list(self._partitions.values()):
             state = (p.log.recovery_point, p.high_watermark, p.log_start_offset)
             if state != p.checkpointed:

@@ -15,11 +15,13 @@ before the sync started).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import fileio
 from .batch import (
     HEADER,
     HEADER_BYTES,
@@ -29,12 +31,13 @@ from .batch import (
     decode_records,
     validate_batch,
 )
-from .errors import CorruptRecordError, KafkaStorageError
+from .errors import CorruptRecordError, KafkaStorageError, StorageFullError
 from .handles import Handle, HandleCache, RetiredHandleError
 from .index import IndexCorrupt, OffsetIndex, TimeIndex
 from .limits import MAX_BATCH_BYTES, MAX_RELATIVE_OFFSET
 
 RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 NO_TIMESTAMP = -1
 
 
@@ -127,12 +130,17 @@ class LogSegment:
         assert total == h.size_bytes
         with self._handles.use(self._handle) as fd:
             try:
-                written = os.pwritev(fd, [prefix, body], position)
+                written = fileio.ops.pwritev(fd, [prefix, body], position)
                 while written < total:  # short write: finish the remainder
                     rest = (prefix + bytes(body))[written:]
-                    written += os.pwrite(fd, rest, position + written)
+                    written += fileio.ops.pwrite(fd, rest, position + written)
             except OSError as e:
-                self._try_truncate(fd, position)
+                undone = self._try_truncate(fd, position)
+                if undone and e.errno in DISK_FULL_ERRNOS:
+                    raise StorageFullError(
+                        f"{self.log_path.parent.name}: disk full ({e.strerror}); "
+                        "nothing was appended"
+                    ) from e
                 raise KafkaStorageError(f"write to {self.log_path} failed: {e}") from e
         self._track(position, h)
         return position
@@ -154,9 +162,13 @@ class LogSegment:
             self._bytes_since_index = 0
         self._bytes_since_index += h.size_bytes
 
-    def _try_truncate(self, fd: int, position: int) -> None:
-        with contextlib.suppress(OSError):  # the disk is failing; recovery cuts the torn tail
-            os.ftruncate(fd, position)
+    def _try_truncate(self, fd: int, position: int) -> bool:
+        """Cut a failed write off; False if that failed too (recovery cuts the torn tail)."""
+        try:
+            fileio.ops.ftruncate(fd, position)
+        except OSError:
+            return False
+        return True
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -287,7 +299,7 @@ class LogSegment:
             return
         # Retention may delete this segment meanwhile: then there is nothing left to sync.
         with contextlib.suppress(RetiredHandleError), self._handles.use(self._handle) as fd:
-            os.fdatasync(fd)  # data and the file size; other metadata is not needed to read
+            fileio.ops.fdatasync(fd)  # data and the file size; other metadata is not needed to read
 
     def on_roll(self) -> None:
         """Called when this segment stops being active: index its final max timestamp."""
@@ -403,8 +415,8 @@ class LogSegment:
             if truncated:
                 if before_truncate is not None:
                     before_truncate()
-                os.ftruncate(fd, position)
-                os.fsync(fd)
+                fileio.ops.ftruncate(fd, position)
+                fileio.ops.fsync(fd)
         self.size = position
         return truncated
 
@@ -435,13 +447,19 @@ class LogSegment:
         position, _ = found
         removed = self.size - position
         with self._handles.use(self._handle) as fd:
-            os.ftruncate(fd, position)
+            fileio.ops.ftruncate(fd, position)
         self.offset_index.truncate_to_position(position)
         self.time_index.truncate_to_offset(offset)
         self.size = position
         self._reload_tail()
         self._bytes_since_index = self.index_interval_bytes  # index the next append
         return removed
+
+    def abandon(self) -> None:
+        """Close the file without writing anything (its log directory failed)."""
+        self._closed = True
+        self._handle.pinned = False
+        self._handles.close(self._handle)
 
     def close(self) -> None:
         if self._closed:

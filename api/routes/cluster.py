@@ -26,10 +26,12 @@ async def healthz() -> dict[str, str]:
 
 @router.get(
     "/readyz",
-    summary="Readiness: logs recovered and metadata loaded",
-    responses={503: {"description": "still starting"}},
+    summary="Readiness: logs recovered and metadata loaded, data directory online",
+    responses={503: {"description": "still starting, or the data directory is offline"}},
 )
 async def readyz(broker: BrokerDep) -> Response:
+    if broker.logs.offline:
+        return Response(b'{"status":"log_dir_offline"}', 503, media_type="application/json")
     if broker.ready:
         return Response(b'{"status":"ready"}', 200, media_type="application/json")
     return Response(b'{"status":"starting"}', 503, media_type="application/json")

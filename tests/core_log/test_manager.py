@@ -21,9 +21,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+from core_log import fileio
 from core_log.batch import Record, build_batch, decode_records, scan_batches
 from core_log.clock import ManualClock
 from core_log.config import LogConfig
+from core_log.datadir import LOCK_FILE
 from core_log.errors import (
     InvalidTopicError,
     OffsetOutOfRangeError,
@@ -61,10 +63,12 @@ async def read_values(p: Partition, start: int | None = None) -> list[tuple[int,
 
 def abandon(manager: LogManager) -> None:
     """Forget ``manager`` as a killed broker would: no close, no checkpoint, no marker. Only
-    the descriptors are closed so the test process does not leak them."""
+    the descriptors are closed so the test process does not leak them, and the data
+    directory's lock goes as the kernel drops it when a process dies."""
     for p in manager.partitions():
         for segment in p.log.segments:
             manager.handles.close(segment._handle)
+    manager.dir_lock.release()
 
 
 def make_manager(path: Path, **kwargs: Any) -> LogManager:
@@ -140,7 +144,7 @@ def test_invalid_topic_names(tmp_path: Path, name: str) -> None:
         await m.close()
 
     run(main)
-    assert sorted(e.name for e in tmp_path.iterdir()) == [CLEAN_SHUTDOWN_FILE]
+    assert sorted(e.name for e in tmp_path.iterdir()) == [CLEAN_SHUTDOWN_FILE, LOCK_FILE]
 
 
 def test_topic_name_with_trailing_newline_is_invalid(tmp_path: Path) -> None:
@@ -179,7 +183,7 @@ def test_delete_partition_of_longest_topic_name(tmp_path: Path) -> None:
             await m.delete("t" * 249, 0)
         finally:
             await m.close()
-        assert [e.name for e in tmp_path.iterdir()] == [CLEAN_SHUTDOWN_FILE]
+        assert sorted(e.name for e in tmp_path.iterdir()) == [CLEAN_SHUTDOWN_FILE, LOCK_FILE]
 
     run(main)
 
@@ -366,8 +370,6 @@ def test_flush_concurrent_with_appends(tmp_path: Path, monkeypatch: pytest.Monke
     the GIL is released) and lets another thread append meanwhile. (While the flush wrote the
     pending bytearray itself, the append raised BufferError after its batch was written.)
     """
-    import core_log.index as index_module
-
     config = LogConfig(index_interval_bytes=0)  # every batch gets an index entry
     log = PartitionLog(tmp_path / "log", config, ManualClock(T0), HandleCache())
     log.append(batch(b"first"))
@@ -393,15 +395,12 @@ def test_flush_concurrent_with_appends(tmp_path: Path, monkeypatch: pytest.Monke
             t.join(10)
             return real_write(fd, held)
 
-    class OsProxy:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(os, name)
+    class RacingFiles(fileio.FileOps):
+        def write(self, fd: int, data: Any) -> int:
+            return racing_write(fd, data)
 
-        write = staticmethod(racing_write)
-
-    monkeypatch.setattr(index_module, "os", OsProxy())
-    log.flush()
-    monkeypatch.undo()
+    with fileio.injected(RacingFiles()):
+        log.flush()
     assert raced
     assert errors == [], f"append during flush failed: {errors!r}"
     log.close()
