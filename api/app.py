@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,6 +18,7 @@ from core_log.datadir import DataDirLock
 
 from . import errors
 from .fastpath import FastPath
+from .loop_lag import LoopLagProbe
 from .metrics import Metrics
 from .problems import PROBLEM_JSON
 from .routes import cluster, groups, producers, records, topics, ws
@@ -43,6 +46,7 @@ def broker_config(settings: Settings) -> BrokerConfig:
         metadata_url=settings.metadata_url,
         max_open_handles=settings.max_open_handles,
         retention_check_interval_ms=settings.retention_check_interval_ms,
+        log_cleaner_backoff_ms=settings.log_cleaner_backoff_ms,
         idempotency_window_ms=settings.idempotency_window_ms,
     )
 
@@ -110,6 +114,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         coordinator=coordinator,
     )
     app.state.logbus = state
+    probe = asyncio.create_task(LoopLagProbe(state.metrics.loop_lag).run(), name="loop-lag")
     fast: FastPath | None = getattr(app.state, "fast_path", None)
     if fast is not None:
         fast.state = state
@@ -118,6 +123,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         if fast is not None:
             fast.state = None
+        probe.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await probe
         await coordinator.close()
         await broker.close()
 

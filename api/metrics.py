@@ -16,6 +16,8 @@ from prometheus_client.registry import Collector
 from cluster.broker import Broker
 from cluster.coordinator import Coordinator
 
+from .loop_lag import LagRecorder
+
 MAX_GROUPS_EXPORTED = 1_000  # a scrape stays bounded whatever the number of groups
 LATENCY_BUCKETS_S = (
     0.0005,
@@ -124,6 +126,7 @@ class Metrics:
         self.bytes_out = Counter("logbus_bytes_out", "Bytes fetched", ["topic"], registry=r)
         self.records_in = Counter("logbus_records_in", "Records produced", ["topic"], registry=r)
         self.records_out = Counter("logbus_records_out", "Records fetched", ["topic"], registry=r)
+        self.loop_lag = LagRecorder(r)
         r.register(_PartitionCollector(broker))
         r.register(_LogDirCollector(broker))
         if coordinator is not None:

@@ -29,6 +29,7 @@ class Settings(BaseSettings):
     max_wait_ms: int = 60_000
     max_open_handles: int = 1024
     retention_check_interval_ms: int = 300_000
+    log_cleaner_backoff_ms: int = 15_000  # Kafka's log.cleaner.backoff.ms: compaction cadence
     idempotency_window_ms: int = 86_400_000  # how long an Idempotency-Key is remembered
     offsets_topic_partitions: int = 4  # __consumer_offsets, fixed when the topic is created
     offsets_retention_ms: int = 7 * 86_400_000  # offsets of a group empty this long expire

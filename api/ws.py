@@ -178,12 +178,12 @@ class Session:
         wanted: dict[TopicPartition, int] = {}
         try:
             for spec in msg.partitions:
-                wanted[(spec.topic, spec.partition)] = self._start(
+                wanted[(spec.topic, spec.partition)] = await self._start(
                     spec.topic, spec.partition, spec.offset, spec.timestamp, spec.start
                 )
             for topic in msg.topics:
                 for p in range(self.broker.topic(topic).partitions):
-                    wanted[(topic, p)] = self._start(topic, p, None, msg.timestamp, msg.start)
+                    wanted[(topic, p)] = await self._start(topic, p, None, msg.timestamp, msg.start)
         except UnknownTopicOrPartitionError as e:
             code = proto.CLOSE_UNKNOWN_TOPIC if e.detail.get("partition") is None else 4400
             raise Close(code, e.message) from None
@@ -205,7 +205,7 @@ class Session:
             }
         )
 
-    def _start(
+    async def _start(
         self, topic: str, partition: int, offset: int | None, ts: int | None, start: str | None
     ) -> int:
         p = self.broker.partition(topic, partition)
@@ -218,7 +218,7 @@ class Session:
                 )
             return offset
         if ts is not None:
-            found = p.log.offset_for_timestamp(ts)
+            found = await p.offset_for_timestamp(ts)
             return p.high_watermark if found is None else found
         return p.log_start_offset if start == "earliest" else p.high_watermark
 

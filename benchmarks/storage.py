@@ -56,6 +56,7 @@ from typing import Any
 from core_log.batch import HEADER_BYTES, LOG_OVERHEAD, Record, build_batch
 from core_log.clock import SystemClock
 from core_log.config import LogConfig
+from core_log.executors import StorageExecutors
 from core_log.handles import HandleCache
 from core_log.log import PartitionLog
 from core_log.manager import LogManager, Partition
@@ -680,7 +681,8 @@ def engine_read(log: PartitionLog, max_bytes: int) -> Sample:
 
 async def engine_read_async(log: PartitionLog, max_bytes: int) -> Sample:
     log.set_high_watermark(log.log_end_offset)
-    part = Partition("bench", 0, log, False)
+    pools = StorageExecutors()
+    part = Partition("bench", 0, log, False, pools)
     end = log.log_end_offset
     offset = nbytes = records = fetches = 0
     start = time.perf_counter()
@@ -691,6 +693,7 @@ async def engine_read_async(log: PartitionLog, max_bytes: int) -> Sample:
         fetches += 1
         offset = r.next_offset
     elapsed = time.perf_counter() - start
+    pools.shutdown()
     assert records == end and nbytes == log.size_bytes, (records, end, nbytes)
     return Sample(elapsed, nbytes, records, fetches)
 

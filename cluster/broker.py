@@ -78,6 +78,7 @@ class BrokerConfig:
     metadata_url: str | None = None  # default: SQLite in the data directory
     max_open_handles: int = 1024
     retention_check_interval_ms: int = 300_000
+    log_cleaner_backoff_ms: int = 15_000
     # Idempotency-Key window; producer state per partition keeps the same horizon (Kafka's
     # producer.id.expiration.ms default) and at most 10,000 producers (core_log.producer_state).
     idempotency_window_ms: int = 86_400_000
@@ -105,6 +106,7 @@ class Broker:
             max_open_handles=config.max_open_handles,
             retention_check_interval_ms=config.retention_check_interval_ms,
             dir_lock=dir_lock,
+            cleaner_backoff_ms=config.log_cleaner_backoff_ms,
         )
         self.sticky = StickyPartitioner()
         self._admin_lock = asyncio.Lock()

@@ -22,7 +22,12 @@ Theory of operation
   them in under the lock (:meth:`PartitionLog.swap_cleaned`); at open,
   :func:`complete_swaps` undoes an uncommitted swap or finishes a committed one.
 
-Threading: one ``RLock`` guards the state; every public method is safe from any thread.
+Threading: one ``RLock`` guards the state; every public method is safe from any thread. Worker
+threads hold it across fsyncs (a roll's producer snapshot, a compaction swap), so the event loop
+never waits for it: it calls :meth:`PartitionLog.try_append` / :meth:`PartitionLog.try_read`,
+which give up at once when the lock is busy or the append would roll (the caller then goes to a
+worker thread). The high watermark has its own lock, never held across I/O; retention deletes
+files and writes its checkpoint after releasing the lock.
 """
 
 from __future__ import annotations
@@ -155,6 +160,10 @@ class PartitionLog:
         self.clock = clock
         self._handles = handles
         self._lock = threading.RLock()
+        # The high watermark has its own lock, never held across I/O: the event loop moves it
+        # after every append, and must not wait for a worker that holds ``_lock`` for an fsync.
+        self._hw_lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()  # one writer of log.checkpoint at a time
         self.cleaner_lock = threading.Lock()  # one compaction pass at a time (core_log.cleaner)
         self._segments: list[LogSegment] = []
         self.epochs = LeaderEpochCache(directory / EPOCH_FILE)
@@ -200,7 +209,7 @@ class PartitionLog:
 
     def set_high_watermark(self, offset: int) -> int:
         """Move the high watermark forward to ``offset`` (clamped to the LEO); return it."""
-        with self._lock:
+        with self._hw_lock:
             offset = min(offset, self.log_end_offset)
             if offset > self._high_watermark:
                 self._high_watermark = offset
@@ -219,36 +228,84 @@ class PartitionLog:
         :class:`InvalidRecordError` or :class:`RecordTooLargeError` before writing anything.
         """
         view = memoryview(data)
+        headers = self._split(view, as_follower)
+        with self._lock:
+            return self._append(view, headers, leader_epoch, as_follower)
+
+    def try_append(
+        self, data: bytes | memoryview, *, leader_epoch: int = 0, as_follower: bool = False
+    ) -> AppendResult | None:
+        """:meth:`append`, but only if it can run without waiting or blocking: None (nothing
+        done) when another thread holds the lock (it may be fsyncing), or when the append would
+        roll a segment (producer snapshot + fsync), store a new leader epoch (fsync) or convert
+        batches (the topic's compression or LogAppendTime). The event loop calls this."""
+        view = memoryview(data)
+        headers = self._split(view, as_follower)
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._check_open()
+            if self._append_would_block(headers, len(view), leader_epoch, as_follower):
+                return None
+            return self._append(view, headers, leader_epoch, as_follower)
+        finally:
+            self._lock.release()
+
+    def _split(self, view: memoryview, as_follower: bool) -> list[BatchHeader]:
         headers = split_batches(view, strict=not as_follower)
         if not headers:
             raise InvalidRecordError("no record batch in the request")
-        with self._lock:
-            self._check_open()
-            if as_follower:
-                self._check_follower_offsets(headers)
-            elif (duplicate := self._check_producer(headers, len(view))) is not None:
-                return duplicate
-            now = self.clock.now_ms()
-            append_time = now if self.config.log_append_time and not as_follower else -1
-            batches = self._prepared(view, headers, append_time, as_follower)
-            start = offset = self.log_end_offset
-            first = headers[0].base_offset if as_follower else offset
-            try:
-                offset = self._write_batches(batches, offset, leader_epoch, as_follower, now)
-            except StorageFullError:
-                # The failed batch was cut off; earlier batches of the request go too, so the
-                # request changes nothing (an undo that fails raises: the directory is lost).
-                if self.log_end_offset > start:
-                    self.truncate_to(start)
-                raise
-            return AppendResult(
-                base_offset=first,
-                last_offset=offset - 1,
-                batches=len(headers),
-                records=sum(h.record_count for h in headers),
-                size_bytes=len(view),
-                log_append_time_ms=append_time,
-            )
+        return headers
+
+    def _append_would_block(
+        self, headers: list[BatchHeader], size: int, leader_epoch: int, as_follower: bool
+    ) -> bool:
+        if self.config.log_append_time or self._target_compression() is not None:
+            return True
+        active = self._segments[-1]
+        if self._segment_expired(active):
+            return True
+        span = sum(h.next_offset - h.base_offset for h in headers)
+        last = headers[-1].last_offset if as_follower else self.log_end_offset + span - 1
+        if not active.can_hold(last, size, self.config.segment_bytes):
+            return True
+        epochs = {h.partition_leader_epoch for h in headers} if as_follower else {leader_epoch}
+        return max(epochs) > self.epochs.latest_epoch
+
+    def _append(
+        self,
+        view: memoryview,
+        headers: list[BatchHeader],
+        leader_epoch: int,
+        as_follower: bool,
+    ) -> AppendResult:
+        self._check_open()
+        if as_follower:
+            self._check_follower_offsets(headers)
+        elif (duplicate := self._check_producer(headers, len(view))) is not None:
+            return duplicate
+        now = self.clock.now_ms()
+        append_time = now if self.config.log_append_time and not as_follower else -1
+        batches = self._prepared(view, headers, append_time, as_follower)
+        offset = self.log_end_offset
+        first = headers[0].base_offset if as_follower else offset
+        start = offset
+        try:
+            offset = self._write_batches(batches, offset, leader_epoch, as_follower, now)
+        except StorageFullError:
+            # The failed batch was cut off; earlier batches of the request go too, so the
+            # request changes nothing (an undo that fails raises: the directory is lost).
+            if self.log_end_offset > start:
+                self.truncate_to(start)
+            raise
+        return AppendResult(
+            base_offset=first,
+            last_offset=offset - 1,
+            batches=len(headers),
+            records=sum(h.record_count for h in headers),
+            size_bytes=len(view),
+            log_append_time_ms=append_time,
+        )
 
     def _write_batches(
         self,
@@ -410,28 +467,43 @@ class PartitionLog:
         Reading at the bound returns no data; outside ``[log_start, LEO]`` raises
         :class:`OffsetOutOfRangeError` with the valid range.
         """
-        max_bytes = max(1, min(max_bytes, MAX_FETCH_BYTES))
         with self._lock:
-            self._check_open()
-            lso, hw, leo = self._log_start_offset, self._high_watermark, self.log_end_offset
-            upper = hw if max_offset is None else min(max_offset, leo)
-            if offset < lso or offset > leo:
-                raise OffsetOutOfRangeError(offset, lso, leo)
-            i = self._segment_index(offset)
-            while offset < upper and i < len(self._segments):
-                segment = self._segments[i]
-                end_position = segment.size
-                if upper < segment.next_offset:
-                    found = segment.find_batch(upper)
-                    end_position = found[0] if found is not None else segment.size
-                s = segment.slice(offset, max_bytes, end_position)
-                if s is not None:
-                    data = segment.read_bytes(s.position, s.size)
-                    return ReadResult(data, s.first_offset, s.next_offset, hw, lso, leo)
-                if upper < segment.next_offset:
-                    break
-                i += 1
-            return ReadResult(b"", offset, offset, hw, lso, leo)
+            return self._read(offset, max_bytes, max_offset)
+
+    def try_read(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+    ) -> ReadResult | None:
+        """:meth:`read`, or None at once when another thread holds the lock (it may be
+        fsyncing or swapping compacted segments in). The event loop calls this."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._read(offset, max_bytes, max_offset)
+        finally:
+            self._lock.release()
+
+    def _read(self, offset: int, max_bytes: int, max_offset: int | None) -> ReadResult:
+        max_bytes = max(1, min(max_bytes, MAX_FETCH_BYTES))
+        self._check_open()
+        lso, hw, leo = self._log_start_offset, self._high_watermark, self.log_end_offset
+        upper = hw if max_offset is None else min(max_offset, leo)
+        if offset < lso or offset > leo:
+            raise OffsetOutOfRangeError(offset, lso, leo)
+        i = self._segment_index(offset)
+        while offset < upper and i < len(self._segments):
+            segment = self._segments[i]
+            end_position = segment.size
+            if upper < segment.next_offset:
+                found = segment.find_batch(upper)
+                end_position = found[0] if found is not None else segment.size
+            s = segment.slice(offset, max_bytes, end_position)
+            if s is not None:
+                data = segment.read_bytes(s.position, s.size)
+                return ReadResult(data, s.first_offset, s.next_offset, hw, lso, leo)
+            if upper < segment.next_offset:
+                break
+            i += 1
+        return ReadResult(b"", offset, offset, hw, lso, leo)
 
     def _segment_index(self, offset: int) -> int:
         """Index of the last segment whose base offset is <= ``offset`` (0 if none)."""
@@ -487,7 +559,8 @@ class PartitionLog:
                 "log_start_offset": self._log_start_offset,
                 "recovery_point": self._recovery_point,
             }
-        write_json(self.directory / CHECKPOINT_FILE, state)
+        with self._checkpoint_lock:  # retention, the janitor and the cleaner may all write it
+            write_json(self.directory / CHECKPOINT_FILE, state)
 
     # -- replication support ---------------------------------------------------------------------
 
@@ -516,7 +589,8 @@ class PartitionLog:
             # Whole batches go: when the log start was inside the cut batch, the log is now
             # empty at its end (everything below it was already below the log start).
             self._log_start_offset = min(self._log_start_offset, leo)
-            self._high_watermark = min(self._high_watermark, leo)
+            with self._hw_lock:
+                self._high_watermark = min(self._high_watermark, leo)
             self._reload_producers()
             self._recovery_point = min(self._recovery_point, leo)
             return leo
@@ -530,7 +604,8 @@ class PartitionLog:
             self._segments = [self._new_segment(offset)]
             self._segments[0].create()
             self._segments[0].pin(True)
-            self._log_start_offset = self._high_watermark = self._recovery_point = offset
+            with self._hw_lock:
+                self._log_start_offset = self._high_watermark = self._recovery_point = offset
             self.epochs.clear()
             self.epochs.store()
             self.write_checkpoint()
@@ -569,10 +644,14 @@ class PartitionLog:
                 return RetentionResult(0, 0, self._log_start_offset)
             del self._segments[: len(doomed)]
             freed = sum(s.size for s in doomed)
-            self._advance_log_start(self._segments[0].base_offset)
-            for segment in doomed:
-                segment.delete()
-            return RetentionResult(len(doomed), freed, self._log_start_offset)
+            self._advance_log_start(self._segments[0].base_offset, checkpoint=False)
+            log_start = self._log_start_offset
+        # The files go outside the lock (up to 64 unlinks and a checkpoint fsync): appends and
+        # reads continue meanwhile. Nothing reaches these segments any more.
+        self.write_checkpoint()
+        for segment in doomed:
+            segment.delete()
+        return RetentionResult(len(doomed), freed, log_start)
 
     def _expired(self, segment: LogSegment, now: int) -> bool:
         return not segment.is_empty and now - segment.max_timestamp > self.config.retention_ms
@@ -590,13 +669,14 @@ class PartitionLog:
             while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
                 self._segments.pop(0).delete()
 
-    def _advance_log_start(self, offset: int) -> None:
+    def _advance_log_start(self, offset: int, *, checkpoint: bool = True) -> None:
         if offset > self._log_start_offset:
             self._log_start_offset = offset
             self.producers.truncate_from_start(offset)
             if self.epochs.truncate_from_start(offset):
                 self.epochs.store()
-            self.write_checkpoint()
+            if checkpoint:
+                self.write_checkpoint()
 
     # -- compaction ------------------------------------------------------------------------------
 

@@ -5,7 +5,10 @@ Theory of operation
 * Layout: ``{data_dir}/{topic}-{partition}/`` per partition, ``{data_dir}/.clean_shutdown``
   written by :meth:`LogManager.close` and removed at start (its absence means recovery).
 * Event loop discipline: small appends and reads (< 256 KiB) run inline — a page-cache write
-  costs microseconds, less than a thread hop; larger ones and every fsync run in worker threads.
+  costs microseconds, less than a thread hop — unless the partition lock is busy (a worker may
+  hold it across an fsync) or the append would roll a segment; then, like larger ones, every
+  fsync, timestamp lookup and compaction, they run in the named pools of
+  :mod:`core_log.executors` (fsync, compaction, reads, appends), never asyncio's shared one.
 * Group commit: :meth:`Partition.sync` starts one fsync if none is running and otherwise waits
   for the running one; when it ends, every append that landed meanwhile is covered by the next
   single fsync. Eight concurrent durable writers therefore share fsyncs instead of queueing.
@@ -18,9 +21,11 @@ Theory of operation
   takes the data directory offline — every partition answers KAFKA_STORAGE_ERROR, pending
   acknowledgements fail, and nothing more is written until a restart recovers the logs; a
   full-disk append that was undone fails alone.
-* Background: a flusher honours ``flush.ms``; a janitor applies retention, ``segment.ms`` rolls,
-  compacts the compacted logs that are due (dirtiest first, :mod:`core_log.cleaner`) and writes
-  checkpoints, each pass bounded in cost.
+* Background: a flusher honours ``flush.ms``; a janitor applies retention and ``segment.ms``
+  rolls and writes checkpoints (every ``retention_check_interval_ms``, 5 min); the cleaner
+  compacts the compacted logs that are due (dirtiest first, :mod:`core_log.cleaner`) and looks
+  again after ``log.cleaner.backoff.ms`` (15 s), as Kafka's cleaner thread does. Each pass is
+  bounded in cost.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from . import executors
 from .checkpoint import fsync_dir
 from .cleaner import DEFAULT_MAX_KEYS, CleanResult, cleaning_priority
 from .clock import Clock, SystemClock
@@ -46,6 +52,7 @@ from .errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
+from .executors import StorageExecutors
 from .handles import HandleCache
 from .limits import (
     DEFAULT_MAX_OPEN_SEGMENT_HANDLES,
@@ -59,6 +66,7 @@ from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 log = logging.getLogger("logbus.storage")
 
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
+DEFAULT_CLEANER_BACKOFF_MS = 15_000  # Kafka's log.cleaner.backoff.ms
 DELETE_SUFFIX = "-delete"
 MAX_TOPIC_NAME_CHARS = 249
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
@@ -90,6 +98,7 @@ class Partition:
         partition: int,
         log: PartitionLog,
         auto_hw: bool,
+        pools: StorageExecutors,
         log_dir: LogDirectory | None = None,
     ) -> None:
         self.topic = topic
@@ -97,6 +106,11 @@ class Partition:
         self.log = log
         self.auto_high_watermark = auto_hw
         self.log_dir = log_dir or LogDirectory(log.directory.parent)
+        self.pools = pools
+        # Appends sent to a worker run one at a time, in arrival order; while any is queued,
+        # later appends queue too, so an inline append never overtakes an earlier one.
+        self._append_order = asyncio.Lock()
+        self._queued_appends = 0
         self._waiters: set[asyncio.Future[None]] = set()
         self._flush_task: asyncio.Task[int] | None = None
         self.last_flush_ms = log.clock.monotonic_ms()
@@ -127,12 +141,13 @@ class Partition:
         for an fsync covering them. Advances the high watermark in standalone mode."""
         self.log_dir.check()
         try:
-            if len(data) >= OFF_LOOP_IO_BYTES:
-                result = await asyncio.to_thread(
-                    self.log.append, data, leader_epoch=leader_epoch, as_follower=as_follower
+            result = None
+            if len(data) < OFF_LOOP_IO_BYTES and not self._queued_appends:
+                result = self.log.try_append(
+                    data, leader_epoch=leader_epoch, as_follower=as_follower
                 )
-            else:
-                result = self.log.append(data, leader_epoch=leader_epoch, as_follower=as_follower)
+            if result is None:
+                result = await self._append_off_loop(data, leader_epoch, as_follower)
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
         end = result.last_offset + 1
@@ -141,6 +156,23 @@ class Partition:
         if self.auto_high_watermark:
             self.set_high_watermark(end)
         return result
+
+    async def _append_off_loop(
+        self, data: bytes | memoryview, leader_epoch: int, as_follower: bool
+    ) -> AppendResult:
+        """A large append, one that rolls a segment, or one that found the lock busy."""
+        self._queued_appends += 1
+        try:
+            async with self._append_order:
+                return await executors.run(
+                    self.pools.appends,
+                    self.log.append,
+                    data,
+                    leader_epoch=leader_epoch,
+                    as_follower=as_follower,
+                )
+        finally:
+            self._queued_appends -= 1
 
     async def sync(self, offset: int) -> None:
         """Return once everything below ``offset`` is fsynced (group commit).
@@ -160,7 +192,7 @@ class Partition:
     async def _flush(self) -> int:
         self.last_flush_ms = self.log.clock.monotonic_ms()
         try:
-            return await asyncio.to_thread(self.log.flush)
+            return await executors.run(self.pools.fsync, self.log.flush)
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
 
@@ -174,13 +206,25 @@ class Partition:
     async def read(
         self, offset: int, max_bytes: int, *, max_offset: int | None = None
     ) -> ReadResult:
+        """Small reads run inline unless the lock is busy; large ones in the reads pool."""
         self.log_dir.check()
         try:
-            if max_bytes >= OFF_LOOP_IO_BYTES:
-                return await asyncio.to_thread(
-                    self.log.read, offset, max_bytes, max_offset=max_offset
-                )
-            return self.log.read(offset, max_bytes, max_offset=max_offset)
+            if max_bytes < OFF_LOOP_IO_BYTES:
+                result = self.log.try_read(offset, max_bytes, max_offset=max_offset)
+                if result is not None:
+                    return result
+            return await executors.run(
+                self.pools.reads, self.log.read, offset, max_bytes, max_offset=max_offset
+            )
+        except (KafkaStorageError, OSError) as e:
+            raise self._storage_failure(e) from e
+
+    async def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """The first offset whose timestamp is >= ``timestamp`` (None if none): it reads and
+        decodes batches, so it runs in the reads pool."""
+        self.log_dir.check()
+        try:
+            return await executors.run(self.pools.reads, self.log.offset_for_timestamp, timestamp)
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
 
@@ -252,6 +296,7 @@ class LogManager:
         cleaner_max_keys: int = DEFAULT_MAX_KEYS,
         cleaner_io_bytes_per_s: float | None = None,
         dir_lock: DataDirLock | None = None,
+        cleaner_backoff_ms: int = DEFAULT_CLEANER_BACKOFF_MS,
     ) -> None:
         """``dir_lock``: the data directory's lock when the caller took it already (the
         server takes it before the metadata store opens); otherwise :meth:`start` takes one and
@@ -271,6 +316,8 @@ class LogManager:
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self.cleaner_max_keys = cleaner_max_keys
         self.cleaner_io_bytes_per_s = cleaner_io_bytes_per_s
+        self.cleaner_backoff_ms = cleaner_backoff_ms
+        self.pools = StorageExecutors()
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.started = False
@@ -294,7 +341,9 @@ class LogManager:
         self.lock_data_dir()
         marker = self.data_dir / CLEAN_SHUTDOWN_FILE
         self.was_clean_shutdown = marker.exists()
-        await asyncio.to_thread(self._open_all, self.was_clean_shutdown)
+        if self.pools.closed:  # started again after close()
+            self.pools = StorageExecutors()
+        await executors.run(self.pools.fsync, self._open_all, self.was_clean_shutdown)
         if self.was_clean_shutdown:
             marker.unlink()
             fsync_dir(self.data_dir)
@@ -303,6 +352,7 @@ class LogManager:
             self._tasks = [
                 asyncio.create_task(self._flusher(), name="logbus-flusher"),
                 asyncio.create_task(self._janitor(), name="logbus-janitor"),
+                asyncio.create_task(self._cleaner(), name="logbus-cleaner"),
             ]
 
     def _open_all(self, clean: bool) -> None:
@@ -320,7 +370,7 @@ class LogManager:
                 entry, self._config_for(topic), self.clock, self.handles, clean_shutdown=clean
             )
             self._partitions[(topic, partition)] = Partition(
-                topic, partition, log, self.auto_high_watermark, self.log_dir
+                topic, partition, log, self.auto_high_watermark, self.pools, self.log_dir
             )
             if self.auto_high_watermark:
                 log.set_high_watermark(log.log_end_offset)
@@ -335,8 +385,9 @@ class LogManager:
         self._tasks = []
         self.release_waiters()
         try:
-            await asyncio.to_thread(self._close_all)
+            await executors.run(self.pools.fsync, self._close_all)
         finally:
+            self.pools.shutdown()
             self.started = False
             self.unlock_data_dir()
 
@@ -392,12 +443,17 @@ class LogManager:
         if key in self._partitions:
             raise TopicAlreadyExistsError(f"partition {topic}-{partition} exists")
         directory = self.data_dir / f"{topic}-{partition}"
-        log = await asyncio.to_thread(
-            PartitionLog, directory, config or self._config_for(topic), self.clock, self.handles
+        log = await executors.run(
+            self.pools.fsync,
+            PartitionLog,
+            directory,
+            config or self._config_for(topic),
+            self.clock,
+            self.handles,
         )
-        await asyncio.to_thread(log.write_checkpoint)
+        await executors.run(self.pools.fsync, log.write_checkpoint)
         p = self._partitions[key] = Partition(
-            topic, partition, log, self.auto_high_watermark, self.log_dir
+            topic, partition, log, self.auto_high_watermark, self.pools, self.log_dir
         )
         return p
 
@@ -406,7 +462,7 @@ class LogManager:
         p = self.get(topic, partition)
         del self._partitions[(topic, partition)]
         p.release_waiters()
-        await asyncio.to_thread(self._delete_files, p.log)
+        await executors.run(self.pools.fsync, self._delete_files, p.log)
 
     def _delete_files(self, log: PartitionLog) -> None:
         if self.log_dir.offline:
@@ -465,12 +521,21 @@ class LogManager:
                 continue  # nothing more may be written to a failed directory
             try:
                 await self.run_retention()
-                await self.run_cleaner()
                 if self.clock.monotonic_ms() - last_checkpoint >= self.checkpoint_interval_ms:
                     await self.write_checkpoints()
                     last_checkpoint = self.clock.monotonic_ms()
             except Exception:  # one bad pass must not stop retention for good
                 log.exception("retention/checkpoint pass failed; retrying next interval")
+
+    async def _cleaner(self) -> None:
+        """Compaction on its own cadence (Kafka's cleaner thread): a pass over the compacted
+        logs that are due, then ``log.cleaner.backoff.ms`` before looking again."""
+        while True:
+            try:
+                await self.run_cleaner()
+            except Exception:  # one bad pass must not stop compaction for good
+                log.exception("compaction pass failed; retrying after the backoff")
+            await asyncio.sleep(self.cleaner_backoff_ms / 1000)
 
     async def run_retention(self) -> list[RetentionResult]:
         """One retention, ``segment.ms`` and producer-expiry pass over every partition."""
@@ -478,8 +543,8 @@ class LogManager:
         if self.log_dir.offline:
             return results
         for p in list(self._partitions.values()):
-            await asyncio.to_thread(p.log.roll_if_expired)
-            results.append(await asyncio.to_thread(p.log.apply_retention))
+            await executors.run(self.pools.fsync, p.log.roll_if_expired)
+            results.append(await executors.run(self.pools.fsync, p.log.apply_retention))
             p.log.expire_producers(self.producer_id_expiration_ms)
         return results
 
@@ -490,7 +555,7 @@ class LogManager:
         now = self.clock.now_ms()
         due: list[tuple[float, Partition]] = []
         for p in list(self._partitions.values()):
-            ratio = await asyncio.to_thread(cleaning_priority, p.log, now)
+            ratio = await executors.run(self.pools.compaction, cleaning_priority, p.log, now)
             if ratio is not None:
                 due.append((ratio, p))
         due.sort(key=lambda item: -item[0])
@@ -498,7 +563,8 @@ class LogManager:
         for _, p in due:
             if p.released:
                 continue
-            result = await asyncio.to_thread(
+            result = await executors.run(
+                self.pools.compaction,
                 p.log.clean,
                 now,
                 max_keys=self.cleaner_max_keys,
@@ -516,7 +582,7 @@ class LogManager:
         for p in list(self._partitions.values()):
             state = (p.log.recovery_point, p.high_watermark, p.log_start_offset)
             if state != p.checkpointed:
-                await asyncio.to_thread(p.log.write_checkpoint)
+                await executors.run(self.pools.fsync, p.log.write_checkpoint)
                 p.checkpointed = state
                 written += 1
         return written

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Response
 
 from ..schemas import BrokerPublic, ClusterPublic
@@ -12,9 +14,9 @@ router = APIRouter(tags=["cluster"])
 
 @router.get("/v1/cluster", summary="Brokers and the controller")
 async def cluster(broker: BrokerDep) -> ClusterPublic:
+    rows = await asyncio.to_thread(broker.store.brokers)  # SQL: never on the event loop
     brokers = [
-        BrokerPublic(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
-        for b in broker.store.brokers()
+        BrokerPublic(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack) for b in rows
     ]
     return ClusterPublic(controller=broker.config.broker_id, brokers=brokers)
 

@@ -184,12 +184,12 @@ async def get_offsets(group: str, coordinator: CoordinatorDep) -> GroupOffsets:
 )
 async def reset_offsets(group: str, body: OffsetReset, state: StateDep) -> GroupOffsets:
     coordinator = state.coordinator
-    targets = _reset_targets(state, group, body)
+    targets = await _reset_targets(state, group, body)
     await coordinator.reset(group, targets)
     return _offsets(coordinator, group, set(targets))
 
 
-def _reset_targets(state: Any, group: str, body: OffsetReset) -> dict[TopicPartition, int]:
+async def _reset_targets(state: Any, group: str, body: OffsetReset) -> dict[TopicPartition, int]:
     broker = state.broker
     if body.to == "offsets":
         if not body.offsets:
@@ -222,7 +222,7 @@ def _reset_targets(state: Any, group: str, body: OffsetReset) -> dict[TopicParti
                 out[(topic, partition)] = p.high_watermark
             else:
                 assert body.timestamp is not None
-                found = p.log.offset_for_timestamp(body.timestamp)
+                found = await p.offset_for_timestamp(body.timestamp)
                 out[(topic, partition)] = p.high_watermark if found is None else found
     return out
 

@@ -156,6 +156,6 @@ async def get_offset(
             ts = int(at)
         except ValueError:
             raise bad_request("at must be earliest, latest or a timestamp in ms") from None
-        found = p.log.offset_for_timestamp(ts)
+        found = await p.offset_for_timestamp(ts)
         offset = found if found is not None and found < p.high_watermark else None
     return OffsetPublic(topic=topic, partition=partition, at=at, offset=offset)

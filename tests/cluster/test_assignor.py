@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import Mapping, Set
 
 from hypothesis import example, given, settings
@@ -421,3 +422,30 @@ def test_large_group_is_balanced() -> None:
     rest = {m: ts for m, ts in subs.items() if m != leaver}
     after = assign(rest, counts, result)
     assert moved_partitions(result, after) == len(result[leaver])
+
+
+def _cpu_seconds(members: int, partitions: int) -> float:
+    """CPU time (best of 3) of a fresh assignment, a join and the worst sticky case (one
+    member holds everything when the others join) with ``members`` x ``partitions``."""
+    ids = [f"m{i:04}" for i in range(members)]
+    counts = {"a": partitions // 2, "b": partitions - partitions // 2}
+    subs = dict.fromkeys(ids, frozenset(counts))
+    one_holds_all = {ids[0]: {(t, p) for t, n in counts.items() for p in range(n)}}
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        fresh = assign(subs, counts, {})
+        assign({**subs, "new": frozenset(counts)}, counts, fresh)
+        assign(subs, counts, one_holds_all)
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def test_cost_grows_near_linearly_with_group_and_partitions() -> None:
+    """Members and partitions x4 (the work P · M x16): near-linear costs ~4-5x; the former
+    O(P · M)-and-worse assignor cost 16x or more (71-84 s at the 1,000 x 10,000 limits). The
+    bound is generous (CPU time, not wall time, on a shared machine); the figures at the limits
+    are in ``python -m benchmarks.assignor``."""
+    small = _cpu_seconds(100, 1_000)
+    large = _cpu_seconds(400, 4_000)
+    assert large < 10 * small, f"{small=:.4f}s {large=:.4f}s ratio={large / small:.1f}"

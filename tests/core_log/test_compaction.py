@@ -17,6 +17,7 @@ import random
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -665,3 +666,28 @@ def test_partial_pass_when_the_map_is_full(tmp_path: Path) -> None:
     second = log.clean(max_keys=2)  # maps c and b from offset 3
     assert second is not None and second.clean_point == 5
     assert [(r.offset, r.value) for r in read_all(log)] == [(2, b"a2"), (3, b"c1"), (4, b"b2")]
+
+
+def test_the_cleaner_has_its_own_cadence(tmp_path: Path) -> None:
+    """A dirty compacted log is cleaned after ``log.cleaner.backoff.ms`` (here 20 ms), without
+    waiting for the retention tick (here an hour; 5 minutes by default, which used to be the
+    only time compaction ran)."""
+
+    async def main() -> None:
+        clock = ManualClock(NOW)
+        manager = LogManager(
+            tmp_path, clock=clock, retention_check_interval_ms=3_600_000, cleaner_backoff_ms=20
+        )
+        await manager.start()
+        p = await manager.create("t", 0, config())
+        for i in range(20):
+            await p.append(build_batch([Record(b"%d" % i, b"k%d" % (i % 2), timestamp=NOW)]))
+        await asyncio.to_thread(roll_everything, p.log, clock)
+        deadline = time.monotonic() + 60
+        while len(read_all(p.log)) > 2:
+            assert time.monotonic() < deadline, "the cleaner never ran"
+            await asyncio.sleep(0.02)
+        assert [(r.offset, r.value) for r in read_all(p.log)] == [(18, b"18"), (19, b"19")]
+        await manager.close()
+
+    asyncio.run(main())

@@ -850,3 +850,141 @@ def test_waiters_beyond_the_bound_answer_at_once(
         await manager.close()
 
     asyncio.run(main())
+
+
+# -------------------------------------------------------------------------------------------
+# the event loop never waits for storage: busy locks, rolls, timestamp lookups, pools
+# -------------------------------------------------------------------------------------------
+
+HOLD_S = 5.0  # how long a stand-in "fsync" holds the partition lock at most
+
+
+def hold_lock(log: PartitionLog, release: threading.Event) -> None:
+    """Hold ``log``'s lock in another thread (as a roll or a compaction swap does across an
+    fsync) until ``release`` is set or HOLD_S passes; return once it is held."""
+    held = threading.Event()
+
+    def hold() -> None:
+        with log._lock:
+            held.set()
+            release.wait(HOLD_S)
+
+    threading.Thread(target=hold, daemon=True).start()
+    held.wait()
+
+
+@pytest.mark.parametrize("op", ["append", "read", "high_watermark"])
+def test_the_loop_never_waits_for_a_busy_partition_lock(tmp_path: Path, op: str) -> None:
+    """A small append or read, or moving the high watermark, while a worker holds the lock:
+    the loop stays free (the work goes to a worker, or takes no lock) and the result is right
+    once the lock is free. Before, the loop blocked until the worker let go (HOLD_S here)."""
+
+    async def main() -> None:
+        manager = make_manager(tmp_path)
+        await manager.start(background=False)
+        p = await manager.create("t", 0)
+        await p.append(batch(b"a"))
+        release = threading.Event()
+        hold_lock(p.log, release)
+        start = time.monotonic()
+        task: asyncio.Future[object]
+        if op == "append":
+            task = asyncio.ensure_future(p.append(batch(b"b")))
+        elif op == "read":
+            task = asyncio.ensure_future(p.read(0, 1000))
+        else:
+            p.log._high_watermark = 0
+            p.set_high_watermark(1)
+            assert p.high_watermark == 1
+            task = asyncio.ensure_future(asyncio.sleep(0))
+        await asyncio.sleep(0.05)
+        assert time.monotonic() - start < HOLD_S / 2, "the event loop waited for the lock"
+        release.set()
+        await task
+        assert [v for _, v in await read_values(p)] == ([b"a", b"b"] if op == "append" else [b"a"])
+        await manager.close()
+
+    run(main)
+
+
+def test_a_segment_roll_during_a_small_append_runs_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A roll writes the producer snapshot and fsyncs it: never on the event loop thread."""
+
+    async def main() -> None:
+        manager = make_manager(tmp_path)
+        await manager.start(background=False)
+        p = await manager.create("t", 0, LogConfig.from_dict({"segment.bytes": 100}))
+        threads: list[int] = []
+        roll = p.log._roll
+
+        def spy(base_offset: int) -> object:
+            threads.append(threading.get_ident())
+            return roll(base_offset)
+
+        monkeypatch.setattr(p.log, "_roll", spy)
+        for i in range(5):
+            await p.append(batch(b"x" * 60, str(i).encode()))
+        assert len(p.log.segments) >= 3 and threads
+        assert threading.get_ident() not in threads
+        assert [v for _, v in await read_values(p)][-1] == b"4"
+        await manager.close()
+
+    run(main)
+
+
+def test_timestamp_lookups_run_in_the_reads_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> None:
+        manager = make_manager(tmp_path)
+        await manager.start(background=False)
+        p = await manager.create("t", 0)
+        await p.append(batch(b"a", timestamp=T0))
+        await p.append(batch(b"b", timestamp=T0 + 10))
+        names: list[str] = []
+        lookup = p.log.offset_for_timestamp
+
+        def spy(ts: int) -> int | None:
+            names.append(threading.current_thread().name)
+            return lookup(ts)
+
+        monkeypatch.setattr(p.log, "offset_for_timestamp", spy)
+        assert await p.offset_for_timestamp(T0 + 5) == 1
+        assert await p.offset_for_timestamp(T0 + 11) is None
+        assert all(n.startswith("logbus-reads") for n in names) and len(names) == 2
+        await manager.close()
+
+    run(main)
+
+
+def test_storage_work_has_its_own_pools_and_no_other_work_starves_it(tmp_path: Path) -> None:
+    """Every thread of asyncio's default pool busy (here: blocked) — fsyncs, large reads,
+    compaction and off-loop appends still run, each in its named pool; closing the manager
+    stops the pools. Before, all of them queued behind the default pool's workers."""
+
+    async def main() -> None:
+        manager = make_manager(tmp_path)
+        await manager.start(background=False)
+        p = await manager.create("t", 0, LogConfig.from_dict({"cleanup.policy": "compact"}))
+        unblock = threading.Event()
+        loop = asyncio.get_running_loop()
+        default_workers = min(32, (os.cpu_count() or 1) + 4)
+        blockers = [asyncio.to_thread(unblock.wait, HOLD_S) for _ in range(default_workers + 2)]
+        blocked = asyncio.gather(*blockers)
+        await asyncio.sleep(0.05)
+        start = loop.time()
+        big = batch(*[os.urandom(1024) for _ in range(300)])  # > OFF_LOOP_IO_BYTES: off the loop
+        await p.append(big, durable=True)
+        assert len((await p.read(0, 1 << 20)).data) == len(big)
+        await manager.run_cleaner()
+        assert loop.time() - start < HOLD_S / 2, "storage work waited for the default pool"
+        unblock.set()
+        await blocked
+        names = {t.name.split("_")[0] for t in threading.enumerate()}
+        assert {"logbus-fsync", "logbus-reads", "logbus-appends", "logbus-compaction"} <= names
+        await manager.close()
+        assert manager.pools.closed
+
+    run(main)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -375,3 +376,43 @@ def test_increment_log_start_offset(tmp_path: Path) -> None:
     assert reopened.log_start_offset == 14
     assert_range_error(reopened, 13)
     reopened.close()
+
+
+def test_checkpoint_and_file_deletion_happen_outside_the_partition_lock(tmp_path: Path) -> None:
+    """The checkpoint write (an fsync) and the unlinks of a retention pass must not hold the
+    lock appends and reads need: another thread can take it while they run."""
+    clock = ManualClock(NOW)
+    log, _ = one_batch_per_segment_log(
+        tmp_path / "p", [(2, 10, NOW - 5 * DAY), (2, 10, NOW)], clock, **{"retention.ms": DAY}
+    )
+    log.set_high_watermark(log.log_end_offset)
+    free_during: list[bool] = []
+    write_checkpoint, doomed = log.write_checkpoint, log.segments[0]
+    delete_segment = doomed.delete
+
+    def lock_is_free() -> bool:
+        free: list[bool] = []
+
+        def probe() -> None:
+            if log._lock.acquire(blocking=False):
+                log._lock.release()
+                free.append(True)
+
+        t = threading.Thread(target=probe)
+        t.start()
+        t.join()
+        return bool(free)
+
+    def checkpoint_spy() -> None:
+        free_during.append(lock_is_free())
+        write_checkpoint()
+
+    def delete_spy() -> None:
+        free_during.append(lock_is_free())
+        delete_segment()
+
+    log.write_checkpoint = checkpoint_spy  # type: ignore[method-assign]
+    doomed.delete = delete_spy  # type: ignore[method-assign]
+    assert log.apply_retention().deleted_segments == 1
+    assert free_during == [True, True]
+    log.close()
