@@ -29,7 +29,9 @@ from cluster.broker import Acks, Broker
 from cluster.partitioner import partition_for_key
 from core_log.batch import (
     HEADER_BYTES,
+    BatchHeader,
     Record,
+    any_compressed,
     build_batch,
     decode_records,
     scan_batches,
@@ -163,7 +165,7 @@ async def _produce_with_key(
     if kind == BATCH:
         if partition is None:
             raise bad_request("binary batches need a partition path")
-        batches = split_batches(raw, strict=True)
+        batches = await _validated(raw, broker.log_config(topic).max_decompressed_bytes)
         if len(batches) != 1 or batches[0].producer_id >= 0:
             raise bad_request("with an Idempotency-Key, send one batch without a producer id")
         pid = await broker.idempotency_session(key, digest)
@@ -188,6 +190,16 @@ async def _produce_with_key(
     offsets = [{"partition": p, "offset": base[p] + j} for p, j in placement]
     reply = _produce_reply(acks, offsets, len(parsed), sum(map(len, payloads.values())))
     return _mark_duplicate(reply, results)
+
+
+async def _validated(raw: bytes, max_decompressed_bytes: int) -> list[BatchHeader]:
+    """Producer batches validated whole; off the loop when one is compressed (its
+    decompressed size, up to the topic's cap, sets the cost — not its size on the wire)."""
+    if any_compressed(raw):
+        return await asyncio.to_thread(
+            split_batches, raw, strict=True, max_decompressed_bytes=max_decompressed_bytes
+        )
+    return split_batches(raw, strict=True, max_decompressed_bytes=max_decompressed_bytes)
 
 
 def _mark_duplicate(reply: Reply, results: list[AppendResult]) -> Reply:

@@ -218,7 +218,9 @@ class PartitionLog:
         :class:`InvalidRecordError` or :class:`RecordTooLargeError` before writing anything.
         """
         view = memoryview(data)
-        headers = split_batches(view, strict=not as_follower)
+        headers = split_batches(
+            view, strict=not as_follower, max_decompressed_bytes=self.config.max_decompressed_bytes
+        )
         if not headers:
             raise InvalidRecordError("no record batch in the request")
         with self._lock:

@@ -5,7 +5,10 @@ Theory of operation
 * Layout: ``{data_dir}/{topic}-{partition}/`` per partition, ``{data_dir}/.clean_shutdown``
   written by :meth:`LogManager.close` and removed at start (its absence means recovery).
 * Event loop discipline: small appends and reads (< 256 KiB) run inline — a page-cache write
-  costs microseconds, less than a thread hop; larger ones and every fsync run in worker threads.
+  costs microseconds, less than a thread hop; larger ones and every fsync run in worker threads,
+  as do appends of compressed producer batches, whose validation decompresses them (a few
+  hundred bytes may expand to the 16 MiB cap; an 8 KB batch of a 250 MiB record blocked the
+  loop 1-2 s before the cap and the thread).
 * Group commit: :meth:`Partition.sync` starts one fsync if none is running and otherwise waits
   for the running one; when it ends, every append that landed meanwhile is covered by the next
   single fsync. Eight concurrent durable writers therefore share fsyncs instead of queueing.
@@ -31,6 +34,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from .batch import any_compressed
 from .checkpoint import fsync_dir
 from .cleaner import DEFAULT_MAX_KEYS, CleanResult, cleaning_priority
 from .clock import Clock, SystemClock
@@ -107,7 +111,7 @@ class Partition:
     ) -> AppendResult:
         """Append whole batches; with ``durable`` (or when ``flush.messages`` is reached) wait
         for an fsync covering them. Advances the high watermark in standalone mode."""
-        if len(data) >= OFF_LOOP_IO_BYTES:
+        if len(data) >= OFF_LOOP_IO_BYTES or (not as_follower and any_compressed(data)):
             result = await asyncio.to_thread(
                 self.log.append, data, leader_epoch=leader_epoch, as_follower=as_follower
             )

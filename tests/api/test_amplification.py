@@ -1,0 +1,147 @@
+"""Compression amplification: a few KB on the wire must not become hundreds of MB in the broker.
+
+Produce caps the records a compressed batch expands to (``LogConfig.max_decompressed_bytes``:
+16 x max.message.bytes, at most 64 MiB) and decompresses off the event loop; JSON, NDJSON and
+SSE answers stop once they hold ``max_bytes`` of rendered records (at least one record).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import zstandard
+
+from core_log.batch import Record, assemble_batch, build_batch, encode_varint
+from core_log.compression import Compression
+from core_log.limits import MAX_DECOMPRESSED_BATCH_RATIO
+from tests.api.helpers import BATCH, assert_problem, create_topic
+from tests.server import BrokerProcess
+
+BOMB_VALUE_BYTES = 250 * 1024 * 1024  # the record of issue 10: an 8 KB zstd batch
+_CHUNK_BYTES = 1024 * 1024
+
+
+def zstd_bomb(value_bytes: int = BOMB_VALUE_BYTES) -> bytes:
+    """One zstd batch holding one record of ``value_bytes`` zeros, compressed as it streams
+    (the test never holds the record itself)."""
+    tail = b"\x00"  # no headers
+    body = encode_varint(-1) + encode_varint(value_bytes)  # null key, value length
+    head = b"\x00" + encode_varint(0) + encode_varint(0)  # attributes, timestamp/offset deltas
+    length = len(head) + len(body) + value_bytes + len(tail)
+    c = zstandard.ZstdCompressor(level=3).compressobj()
+    parts = [c.compress(encode_varint(length) + head + body)]
+    zeros = bytes(_CHUNK_BYTES)
+    for done in range(0, value_bytes, _CHUNK_BYTES):
+        parts.append(c.compress(zeros[: min(_CHUNK_BYTES, value_bytes - done)]))
+    parts.append(c.compress(tail))
+    parts.append(c.flush())
+    now = int(time.time() * 1000)
+    return assemble_batch(
+        b"".join(parts),
+        base_offset=0,
+        partition_leader_epoch=-1,
+        attributes=int(Compression.ZSTD),
+        last_offset_delta=0,
+        base_timestamp=now,
+        max_timestamp=now,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        record_count=1,
+    )
+
+
+@pytest.fixture(scope="module")
+def bomb() -> bytes:
+    data = zstd_bomb()
+    assert len(data) < 16 * 1024, len(data)
+    return data
+
+
+def log_end(http: httpx.Client, topic: str) -> int:
+    r = http.get(f"/v1/topics/{topic}/partitions/0/records", params={"offset": 0})
+    assert r.status_code == 200, r.text
+    return int(r.headers["Logbus-High-Watermark"])
+
+
+@pytest.mark.parametrize("idempotency_key", [None, "bomb-1"])
+def test_a_zstd_bomb_is_rejected_at_produce_and_appends_nothing(
+    http: httpx.Client, bomb: bytes, idempotency_key: str | None
+) -> None:
+    topic = create_topic(http, "bomb")
+    headers = {"content-type": BATCH}
+    if idempotency_key is not None:
+        headers["idempotency-key"] = f"{idempotency_key}-{topic}"
+    r = http.post(f"/v1/topics/{topic}/partitions/0/records", content=bomb, headers=headers)
+    body = assert_problem(r, 413, "MESSAGE_TOO_LARGE")
+    assert "decompresses to more than" in body["detail"]
+    assert str(MAX_DECOMPRESSED_BATCH_RATIO) in body["detail"]
+    assert log_end(http, topic) == 0
+    # a compressed batch within the cap is still welcome
+    ok = build_batch([Record(b"y" * 1_000_000)], compression=Compression.ZSTD)
+    r = http.post(f"/v1/topics/{topic}/partitions/0/records", content=ok, headers=headers)
+    assert r.status_code == 200, r.text
+    assert log_end(http, topic) == 1
+
+
+def test_a_topic_with_a_larger_max_message_bytes_takes_larger_decompressed_batches(
+    http: httpx.Client,
+) -> None:
+    topic = create_topic(http, "bomb-big", configs={"max.message.bytes": 2_000_000})
+    two_mib_cap = zstd_bomb(20 * 1024 * 1024)  # over 16 x 1 MiB, under 16 x 2 MB
+    r = http.post(
+        f"/v1/topics/{topic}/partitions/0/records",
+        content=two_mib_cap,
+        headers={"content-type": BATCH},
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_healthz_stays_responsive_while_bombs_are_produced(
+    http: httpx.Client, shared_broker: BrokerProcess, bomb: bytes
+) -> None:
+    """Before the cap and the worker thread, each bomb blocked the loop 1-2 s (four in one
+    request: 4-8 s); a generous 2 s bound still catches that without timing the machine."""
+    topic = create_topic(http, "bomb-loop")
+    body = bomb * 4  # four batches back to back: validated whole before anything is appended
+    done = threading.Event()
+    answers: list[int] = []
+
+    def send() -> None:
+        try:
+            with httpx.Client(base_url=shared_broker.url, timeout=60.0) as c:
+                for _ in range(3):
+                    r = c.post(
+                        f"/v1/topics/{topic}/partitions/0/records",
+                        content=body,
+                        headers={"content-type": BATCH},
+                    )
+                    answers.append(r.status_code)
+        finally:
+            done.set()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    worst = 0.0
+    samples = 0
+    while not done.is_set():
+        t0 = time.monotonic()
+        assert http.get("/healthz").status_code == 200
+        worst = max(worst, time.monotonic() - t0)
+        samples += 1
+        done.wait(0.02)
+    sender.join()
+    assert answers == [413, 413, 413]
+    assert samples >= 3
+    assert worst < 2.0, f"/healthz took {worst:.2f}s while bombs were produced"
+
+
+def broker_peak_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
