@@ -500,9 +500,7 @@ async def fetch(
     )
     min_bytes = int_param(query, "min_bytes", 1, 0, settings.max_fetch_bytes)
     wait_ms = int_param(query, "wait_ms", 0, 0, settings.max_wait_ms)
-    isolation = query.get("isolation", "read_uncommitted")
-    if isolation not in ("read_uncommitted", "read_committed"):
-        raise bad_request("isolation must be read_uncommitted or read_committed")
+    check_isolation(query)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     # JSON answers stop at max_records: read a little first and more only if needed, so a
@@ -547,6 +545,22 @@ async def fetch(
     )
     doc = b'{"records":[' + body + b"]," + tail[1:]
     return Reply(200, doc, JSON, headers, count, len(result.data))
+
+
+READ_UNCOMMITTED = "read_uncommitted"
+
+
+def check_isolation(query: Mapping[str, str]) -> None:
+    """Only ``isolation=read_uncommitted`` (the default): without transactions there is nothing
+    to wait for, and answering ``read_committed`` the same would be a silent promise."""
+    isolation = query.get("isolation", READ_UNCOMMITTED)
+    if isolation == "read_committed":
+        raise bad_request(
+            "isolation=read_committed is not supported yet: transactions do not exist, so every "
+            "acknowledged record is visible at once; omit isolation or send read_uncommitted"
+        )
+    if isolation != READ_UNCOMMITTED:
+        raise bad_request("isolation must be read_uncommitted (read_committed: not yet)")
 
 
 def read_end(start: int, result: Any) -> int:

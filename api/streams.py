@@ -35,6 +35,7 @@ from .records import (
     JSON,
     NDJSON,
     Reply,
+    check_isolation,
     decode_from,
     int_param,
     media_type,
@@ -105,6 +106,7 @@ async def member_poll(
         query, "max_records", settings.default_fetch_records, 1, settings.max_fetch_records
     )
     wait_ms = int_param(query, "wait_ms", 0, 0, settings.max_wait_ms)
+    check_isolation(query)
     member = coordinator.member(group_id, member_id)
     wait_ms = min(wait_ms, member.session_timeout_ms // 2)  # a poll must not outlive a session
     reconciled, fetched = await coordinator.poll(group_id, member_id, max_bytes, wait_ms)
