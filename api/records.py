@@ -40,7 +40,6 @@ from core_log.batch import (
 )
 from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
 from core_log.log import AppendResult
-from core_log.recordjson import encode_json
 
 from .problems import bad_request, payload_too_large, unsupported_media_type
 from .records_codec import (
@@ -48,6 +47,7 @@ from .records_codec import (
     parse_ndjson_lines,
     too_many_records,
 )
+from .rendering import encode_json_within
 from .settings import Settings
 
 JSON = "application/json"
@@ -526,11 +526,13 @@ async def fetch(
         count = sum(h.record_count for _, h in scan_batches(result.data))
         headers = _position_headers(next_offset, hw, result)
         return Reply(200, result.data, BATCH, headers, count, len(result.data))
-    if kind == NDJSON:
-        body, count, last = encode_json(result.data, offset, max_records, sep=b"\n")
+    sep = b"\n" if kind == NDJSON else b","
+    rendered = encode_json_within(result.data, offset, max_records, max_bytes, sep=sep)
+    body, count, last = rendered.body, rendered.count, rendered.last_offset
+    if rendered.full:  # max_bytes of rendered records: go on after the last one sent
+        next_offset = rendered.next_offset(offset)
     else:
-        body, count, last = encode_json(result.data, offset, max_records)
-    next_offset = next_offset_after(offset, count, last, max_records, read_end(offset, result))
+        next_offset = next_offset_after(offset, count, last, max_records, read_end(offset, result))
     headers = _position_headers(next_offset, hw, result)
     if kind == NDJSON:
         body = body + b"\n" if count else body
@@ -580,15 +582,25 @@ def next_offset_after(start: int, count: int, last: int, limit: int, end: int) -
     return last + 1
 
 
-def decode_from(data: bytes, offset: int, max_records: int) -> list[Record]:
-    """Records at or after ``offset``, at most ``max_records``; stops decoding when enough."""
+def decode_from(
+    data: bytes, offset: int, max_records: int, max_bytes: int | None = None
+) -> list[Record]:
+    """Records at or after ``offset``, at most ``max_records``; stops decoding when enough,
+    or after the batch that brings keys and values to ``max_bytes`` (compressed batches make
+    a read a poor bound on what it decodes to)."""
     out: list[Record] = []
+    payload_bytes = 0
     for pos, h in scan_batches(data):
         if h.last_offset < offset:
             continue
-        out.extend(r for r in decode_records(data, pos) if r.offset >= offset)
+        batch = [r for r in decode_records(data, pos) if r.offset >= offset]
+        out.extend(batch)
         if len(out) >= max_records:
             return out[:max_records]
+        if max_bytes is not None:
+            payload_bytes += sum(len(r.value or b"") + len(r.key or b"") for r in batch)
+            if payload_bytes >= max_bytes:
+                return out
     return out
 
 

@@ -123,7 +123,8 @@ async def poll(
         check_isolation(request.query_params)
         coordinator.member(group, member)  # unknown member: 404 before the stream
         max_records = min(max_records or 1000, state.settings.max_fetch_records)
-        return _sse(streams.member_sse(coordinator, group, member, max_records))
+        chunk = min(max_bytes or streams.SSE_CHUNK_BYTES, state.settings.max_fetch_bytes)
+        return _sse(streams.member_sse(coordinator, group, member, max_records, chunk))
     reply = await streams.member_poll(
         coordinator,
         state.settings,

@@ -7,6 +7,8 @@ SSE answers stop once they hold ``max_bytes`` of rendered records (at least one 
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ import zstandard
 from core_log.batch import Record, assemble_batch, build_batch, encode_varint
 from core_log.compression import Compression
 from core_log.limits import MAX_DECOMPRESSED_BATCH_RATIO
-from tests.api.helpers import BATCH, assert_problem, create_topic
+from tests.api.helpers import BATCH, NDJSON, assert_problem, create_topic
 from tests.server import BrokerProcess
 
 BOMB_VALUE_BYTES = 250 * 1024 * 1024  # the record of issue 10: an 8 KB zstd batch
@@ -140,8 +142,130 @@ def test_healthz_stays_responsive_while_bombs_are_produced(
     assert worst < 2.0, f"/healthz took {worst:.2f}s while bombs were produced"
 
 
-def broker_peak_rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+# -- answers bounded in rendered bytes ----------------------------------------------------------
+
+MIB = 1024 * 1024
+BATCHES = 60
+RECORDS_PER_BATCH = 8  # of 1 MiB each: 8 MiB of records per 438-byte batch, 480 MiB in all
+# What one answer may add to the broker's peak RSS: one batch decompressed (8 MiB), its records
+# rendered (11 MiB of base64), the answer and allocator slack. Before the budget a 1 MiB fetch
+# rendered all 480 MiB (640 MB of JSON), the SSE stream decoded them all into records.
+RSS_GROWTH_MAX_BYTES = 200 * MIB
+ENVELOPE_BYTES = 1024  # the JSON answer's members besides the records
+
+
+def peak_rss_bytes(broker: BrokerProcess, *, reset: bool = False) -> int:
+    """The broker's peak RSS (VmHWM); with ``reset``, first lower the peak to the current RSS
+    (Linux's clear_refs "5"), so each test measures only its own growth."""
+    assert broker.proc is not None
+    if reset:
+        Path(f"/proc/{broker.proc.pid}/clear_refs").write_text("5")
+    for line in Path(f"/proc/{broker.proc.pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmHWM")
+
+
+@pytest.fixture(scope="module")
+def compressible(http: httpx.Client) -> str:
+    """A topic of 480 records of 1 MiB that take 26 KB on disk."""
+    topic = create_topic(http, "compressible", configs={"max.message.bytes": MIB})
+    body = b"".join(
+        build_batch(
+            [Record(b"a" * MIB) for _ in range(RECORDS_PER_BATCH)],
+            base_offset=RECORDS_PER_BATCH * i,
+            compression=Compression.ZSTD,
+        )
+        for i in range(BATCHES)
+    )
+    assert len(body) < 64 * 1024
+    r = http.post(
+        f"/v1/topics/{topic}/partitions/0/records", content=body, headers={"content-type": BATCH}
+    )
+    assert r.status_code == 200, r.text
+    return topic
+
+
+# 1 MiB of 'a' is 1,398,104 bytes of base64: one record passes max_bytes=1 MiB by itself.
+ONE_RECORD_JSON_BYTES = 1_398_104 + 200
+
+
+@pytest.mark.parametrize("accept", ["application/json", "application/x-ndjson"])
+def test_a_fetch_answers_max_bytes_of_rendered_records(
+    http: httpx.Client, shared_broker: BrokerProcess, compressible: str, accept: str
+) -> None:
+    url = f"/v1/topics/{compressible}/partitions/0/records"
+    before = peak_rss_bytes(shared_broker, reset=True)
+    for max_bytes, expected in [(MIB, 1), (3 * MIB, 2)]:
+        r = http.get(url, params={"offset": 0, "max_bytes": max_bytes}, headers={"accept": accept})
+        assert r.status_code == 200, r.text
+        assert int(r.headers["Logbus-Next-Offset"]) == expected
+        if accept == NDJSON:
+            records = [json.loads(line) for line in r.content.splitlines()]
+        else:
+            records = r.json()["records"]
+            assert r.json()["next_offset"] == expected
+        assert [rec["offset"] for rec in records] == list(range(expected))
+        assert base64.b64decode(records[0]["value_b64"]) == b"a" * MIB
+        # within max_bytes, or the one record a consumer needs to progress
+        assert len(r.content) <= max(max_bytes, ONE_RECORD_JSON_BYTES) + ENVELOPE_BYTES
+    # a consumer walks on from next_offset to the end
+    r = http.get(url, params={"offset": 470, "max_bytes": 4 * MIB}, headers={"accept": accept})
+    assert int(r.headers["Logbus-Next-Offset"]) == 472
+    growth = peak_rss_bytes(shared_broker) - before
+    assert growth < RSS_GROWTH_MAX_BYTES, f"peak RSS grew {growth / MIB:.0f} MiB"
+
+
+def test_a_member_poll_answers_max_bytes_of_rendered_records(
+    http: httpx.Client, shared_broker: BrokerProcess, compressible: str
+) -> None:
+    group = f"g-{compressible}"
+    r = http.post(
+        f"/v1/groups/{group}/members",
+        json={
+            "topics": [compressible],
+            "session_timeout_ms": 30_000,
+            "auto_offset_reset": "earliest",
+        },
+    )
+    assert r.status_code == 201, r.text
+    member = r.json()["member_id"]
+    before = peak_rss_bytes(shared_broker, reset=True)
+    url = f"/v1/groups/{group}/members/{member}/records"
+    seen: list[int] = []
+    for _ in range(2):
+        r = http.get(url, params={"max_bytes": 3 * MIB})
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        seen += [rec["offset"] for rec in doc["records"]]
+        assert len(r.content) <= 3 * MIB + ENVELOPE_BYTES
+    assert seen == [0, 1, 2, 3]
+    assert doc["positions"][0]["next_offset"] == 4
+    growth = peak_rss_bytes(shared_broker) - before
+    assert growth < RSS_GROWTH_MAX_BYTES, f"peak RSS grew {growth / MIB:.0f} MiB"
+
+
+def test_an_sse_stream_sends_bounded_chunks_and_every_record_once(
+    shared_broker: BrokerProcess, compressible: str
+) -> None:
+    before = peak_rss_bytes(shared_broker, reset=True)
+    ids: list[str] = []
+    url = f"{shared_broker.url}/v1/topics/{compressible}/partitions/0/records"
+    with (
+        httpx.Client(timeout=30.0) as c,
+        c.stream(
+            "GET",
+            url,
+            params={"offset": 0, "max_bytes": MIB},
+            headers={"accept": "text/event-stream"},
+        ) as r,
+    ):
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("id: "):
+                ids.append(line[4:])
+            if len(ids) == 12:
+                break
+    assert ids == [str(i + 1) for i in range(12)]
+    growth = peak_rss_bytes(shared_broker) - before
+    assert growth < RSS_GROWTH_MAX_BYTES, f"peak RSS grew {growth / MIB:.0f} MiB"
