@@ -139,7 +139,8 @@ async def member_poll(
         body, taken, next_offset = _taken_json(f, budget, room, sep, not count)
         budget -= taken
         count += taken
-        rendered_bytes += len(body) + len(sep)
+        if taken:
+            rendered_bytes += len(body) + len(sep)
         coordinator.advance(group_id, member_id, (f.topic, f.partition), next_offset)
         if taken:
             bodies.append(body)
