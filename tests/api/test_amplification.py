@@ -7,6 +7,7 @@ SSE answers stop once they hold ``max_bytes`` of rendered records (at least one 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import threading
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import zstandard
+from websockets.asyncio.client import connect
 
 from core_log.batch import Record, assemble_batch, build_batch, encode_varint
 from core_log.compression import Compression
@@ -267,5 +269,36 @@ def test_an_sse_stream_sends_bounded_chunks_and_every_record_once(
             if len(ids) == 12:
                 break
     assert ids == [str(i + 1) for i in range(12)]
+    growth = peak_rss_bytes(shared_broker) - before
+    assert growth < RSS_GROWTH_MAX_BYTES, f"peak RSS grew {growth / MIB:.0f} MiB"
+
+
+def test_a_websocket_json_frame_holds_a_bounded_number_of_rendered_bytes(
+    shared_broker: BrokerProcess, compressible: str
+) -> None:
+    """Without byte credit a JSON frame holds about 1 MiB of records (at least one), not the
+    100 records the credit allows (140 MB here)."""
+    before = peak_rss_bytes(shared_broker, reset=True)
+    url = shared_broker.url.replace("http://", "ws://", 1) + "/v1/ws"
+    start = {"topic": compressible, "partition": 0, "offset": 0}
+    subscribe = {"op": "subscribe", "partitions": [start]}
+
+    async def main() -> list[tuple[int, list[int]]]:
+        frames = []
+        async with connect(url, open_timeout=5, close_timeout=2, max_size=None) as ws:
+            await ws.send(json.dumps(subscribe))
+            assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "subscribed"
+            await ws.send(json.dumps({"op": "credit", "records": 100}))
+            while sum(len(offsets) for _, offsets in frames) < 4:
+                raw = await asyncio.wait_for(ws.recv(), 10)
+                doc = json.loads(raw)
+                assert doc["type"] == "records", doc
+                frames.append((len(raw), [r["offset"] for r in doc["records"]]))
+        return frames
+
+    frames = asyncio.run(main())
+    assert [o for _, offsets in frames for o in offsets][:4] == [0, 1, 2, 3]
+    for size, offsets in frames:
+        assert len(offsets) == 1 and size <= ONE_RECORD_JSON_BYTES + ENVELOPE_BYTES, (size, offsets)
     growth = peak_rss_bytes(shared_broker) - before
     assert growth < RSS_GROWTH_MAX_BYTES, f"peak RSS grew {growth / MIB:.0f} MiB"
