@@ -2,29 +2,37 @@
 
 Theory of operation
 -------------------
-A read is bounded by stored bytes, which compression makes a poor bound on an answer: an
-8 KB zstd batch may hold 16 MiB of records (the produce cap, ``LogConfig.max_decompressed_bytes``)
-and a 1 MiB read sixty such batches — a 1.3 GB JSON answer for ``max_bytes=1 MiB`` (base64
-adds a third). :func:`encode_json_within` renders batch by batch with
-:func:`core_log.recordjson.encode_json` (the C walk) and stops once the answer would pass
-``max_bytes``, always keeping the first record so a consumer progresses (Kafka returns the
-first batch whatever ``fetch.max.bytes`` says). Memory is then one answer plus one batch.
+A read is bounded by stored bytes, which compression makes a poor bound on an answer: an 8 KB
+zstd batch may hold 16 MiB of records (the produce cap, ``LogConfig.max_decompressed_bytes``);
+a 1 MiB member poll of a 26 KB log of 480 records of 1 MiB answered 671 MB. Here
+:func:`encode_json_within` renders piece by piece with :func:`core_log.recordjson.encode_json`
+(the C walk) and stops once the answer would pass ``max_bytes``, always keeping the first
+record so a consumer progresses (Kafka likewise returns a first batch larger than
+``fetch.max.bytes``). Memory is then the answer plus one piece.
 
-Only the batch that crosses the budget is cut at a record boundary: it is rendered again with
-``\\n`` between records — a byte no rendered record contains, since NDJSON and SSE carry one
-record per line — split, and the records that fit are kept. That happens once per answer, so
-the common case costs one C call per batch, as before; the cut batch costs two more (its lines,
-then the records kept).
+Rendering goes by pieces: each compressed batch alone, uncompressed batches in runs of up to
+``RUN_BYTES`` stored (their rendering is at most a few times that: base64 adds a third, escapes
+up to 6x), so a log of one-record batches costs one C call per run, not one per batch (a call
+per batch measured 2.2x slower on 1-record batches). Only the piece that crosses the budget is
+cut at a record boundary: it is rendered again with ``\\n`` between records — a byte no rendered
+record contains, since NDJSON and SSE carry one record per line — split, and the records that
+fit are rendered once more. That happens once per answer.
 """
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from core_log.batch import scan_batches
+from core_log.batch import ATTRIBUTES_OFFSET, COMPRESSION_MASK, HEADER_BYTES, LOG_OVERHEAD
 from core_log.recordjson import encode_json
 
 _LINE = b"\n"
+RUN_BYTES = 64 * 1024  # stored bytes of uncompressed batches rendered by one C call
+_LENGTH = struct.Struct(">i")  # batchLength, at 8
+_ATTRIBUTES = struct.Struct(">h")
+_MIN_BATCH_LENGTH = HEADER_BYTES - LOG_OVERHEAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +67,12 @@ def encode_json_within(
     parts: list[bytes] = []
     size = count = 0
     last = -1
-    for pos, h in scan_batches(view):
+    for batch in _pieces(view):
         if count >= max_records:
             break
-        if h.last_offset < start_offset:
-            continue
         gap = len(sep) if parts else 0
         if size + gap >= max_bytes and (count or not at_least_one):
             return Rendered(sep.join(parts), count, last, True)
-        batch = view[pos : pos + h.size_bytes]
         body, n, at = encode_json(batch, start_offset, max_records - count, extra=extra, sep=sep)
         if not n:
             continue
@@ -88,6 +93,30 @@ def encode_json_within(
         count += n
         last = at
     return Rendered(sep.join(parts), count, last, False)
+
+
+def _pieces(view: memoryview) -> Iterator[memoryview]:
+    """The whole batches of ``view``: each compressed one alone, uncompressed ones in runs of
+    at most ``RUN_BYTES`` (or one larger batch). A trailing partial batch is left out."""
+    pos = run = 0
+    end = len(view)
+    while end - pos >= HEADER_BYTES:
+        (length,) = _LENGTH.unpack_from(view, pos + 8)
+        size = length + LOG_OVERHEAD
+        if length < _MIN_BATCH_LENGTH or pos + size > end:
+            break
+        (attributes,) = _ATTRIBUTES.unpack_from(view, pos + ATTRIBUTES_OFFSET)
+        if attributes & COMPRESSION_MASK:
+            if run < pos:
+                yield view[run:pos]
+            yield view[pos : pos + size]
+            run = pos + size
+        elif pos > run and pos + size - run > RUN_BYTES:
+            yield view[run:pos]
+            run = pos
+        pos += size
+    if run < pos:
+        yield view[run:pos]
 
 
 def _count_within(

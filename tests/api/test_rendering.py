@@ -14,7 +14,9 @@ from core_log.recordjson import encode_json
 EXTRA = b',"topic":"t","partition":3'
 
 
-def log_of(batches: list[list[int]], codec: Compression) -> bytes:
+def log_of(
+    batches: list[list[int]], codec: Compression, compressed: list[bool] | None = None
+) -> bytes:
     """Batches back to back as the log stores them; record i of the log has a value of the
     given size (JSON text for even offsets, bytes that render as value_b64 for odd)."""
     out = []
@@ -24,34 +26,39 @@ def log_of(batches: list[list[int]], codec: Compression) -> bytes:
             Record(b'"' + b"j" * size + b'"' if (offset + i) % 2 == 0 else b"\xff" * size, b"k")
             for i, size in enumerate(sizes)
         ]
-        out.append(build_batch(records, base_offset=offset, compression=codec))
+        packed = compressed is None or compressed[len(out) % len(compressed)]
+        batch_codec = codec if packed else Compression.NONE
+        out.append(build_batch(records, base_offset=offset, compression=batch_codec))
         offset += len(sizes)
     return b"".join(out)
 
 
-layouts = st.lists(st.lists(st.integers(0, 3000), min_size=1, max_size=6), min_size=1, max_size=5)
+# up to 8 batches of 12 records of 3 KB: runs of uncompressed batches pass RUN_BYTES (64 KiB)
+layouts = st.lists(st.lists(st.integers(0, 3000), min_size=1, max_size=12), min_size=1, max_size=8)
 
 
 @settings(max_examples=150, deadline=None)
 @given(
     layout=layouts,
     codec=st.sampled_from([Compression.NONE, Compression.ZSTD]),
-    start=st.integers(0, 12),
-    max_records=st.integers(1, 40),
-    max_bytes=st.integers(1, 20_000),
+    compressed=st.lists(st.booleans(), min_size=1, max_size=5),
+    start=st.integers(0, 30),
+    max_records=st.integers(1, 100),
+    max_bytes=st.integers(1, 150_000),
     sep=st.sampled_from([b",", b"\n"]),
     at_least_one=st.booleans(),
 )
 def test_the_answer_is_the_longest_prefix_within_the_budget(
     layout: list[list[int]],
     codec: Compression,
+    compressed: list[bool],
     start: int,
     max_records: int,
     max_bytes: int,
     sep: bytes,
     at_least_one: bool,
 ) -> None:
-    data = log_of(layout, codec)
+    data = log_of(layout, codec, compressed)
     r = encode_json_within(
         data, start, max_records, max_bytes, extra=EXTRA, sep=sep, at_least_one=at_least_one
     )
