@@ -2,7 +2,8 @@
 
 Produce caps the records a compressed batch expands to (``LogConfig.max_decompressed_bytes``:
 16 x max.message.bytes, at most 64 MiB) and decompresses off the event loop; JSON, NDJSON and
-SSE answers stop once they hold ``max_bytes`` of rendered records (at least one record).
+SSE answers and WebSocket JSON frames stop once they hold ``max_bytes`` of rendered records
+(at least one record). The figures, before and after: ``python -m benchmarks.amplification``.
 """
 
 from __future__ import annotations
@@ -12,51 +13,17 @@ import base64
 import json
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-import zstandard
 from websockets.asyncio.client import connect
 
-from core_log.batch import Record, assemble_batch, build_batch, encode_varint
+from benchmarks.amplification import peak_rss_bytes, zstd_bomb
+from core_log.batch import Record, build_batch
 from core_log.compression import Compression
 from core_log.limits import MAX_DECOMPRESSED_BATCH_RATIO
 from tests.api.helpers import BATCH, NDJSON, assert_problem, create_topic
 from tests.server import BrokerProcess
-
-BOMB_VALUE_BYTES = 250 * 1024 * 1024  # the record of issue 10: an 8 KB zstd batch
-_CHUNK_BYTES = 1024 * 1024
-
-
-def zstd_bomb(value_bytes: int = BOMB_VALUE_BYTES) -> bytes:
-    """One zstd batch holding one record of ``value_bytes`` zeros, compressed as it streams
-    (the test never holds the record itself)."""
-    tail = b"\x00"  # no headers
-    body = encode_varint(-1) + encode_varint(value_bytes)  # null key, value length
-    head = b"\x00" + encode_varint(0) + encode_varint(0)  # attributes, timestamp/offset deltas
-    length = len(head) + len(body) + value_bytes + len(tail)
-    c = zstandard.ZstdCompressor(level=3).compressobj()
-    parts = [c.compress(encode_varint(length) + head + body)]
-    zeros = bytes(_CHUNK_BYTES)
-    for done in range(0, value_bytes, _CHUNK_BYTES):
-        parts.append(c.compress(zeros[: min(_CHUNK_BYTES, value_bytes - done)]))
-    parts.append(c.compress(tail))
-    parts.append(c.flush())
-    now = int(time.time() * 1000)
-    return assemble_batch(
-        b"".join(parts),
-        base_offset=0,
-        partition_leader_epoch=-1,
-        attributes=int(Compression.ZSTD),
-        last_offset_delta=0,
-        base_timestamp=now,
-        max_timestamp=now,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        record_count=1,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -154,18 +121,6 @@ RECORDS_PER_BATCH = 8  # of 1 MiB each: 8 MiB of records per 438-byte batch, 480
 # rendered all 480 MiB (640 MB of JSON), the SSE stream decoded them all into records.
 RSS_GROWTH_MAX_BYTES = 200 * MIB
 ENVELOPE_BYTES = 1024  # the JSON answer's members besides the records
-
-
-def peak_rss_bytes(broker: BrokerProcess, *, reset: bool = False) -> int:
-    """The broker's peak RSS (VmHWM); with ``reset``, first lower the peak to the current RSS
-    (Linux's clear_refs "5"), so each test measures only its own growth."""
-    assert broker.proc is not None
-    if reset:
-        Path(f"/proc/{broker.proc.pid}/clear_refs").write_text("5")
-    for line in Path(f"/proc/{broker.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
 
 
 @pytest.fixture(scope="module")
