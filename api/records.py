@@ -29,7 +29,9 @@ from cluster.broker import Acks, Broker
 from cluster.partitioner import partition_for_key
 from core_log.batch import (
     HEADER_BYTES,
+    BatchHeader,
     Record,
+    any_compressed,
     build_batch,
     decode_records,
     scan_batches,
@@ -38,7 +40,6 @@ from core_log.batch import (
 )
 from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
 from core_log.log import AppendResult
-from core_log.recordjson import encode_json
 
 from .problems import bad_request, payload_too_large, unsupported_media_type
 from .records_codec import (
@@ -46,6 +47,7 @@ from .records_codec import (
     parse_ndjson_lines,
     too_many_records,
 )
+from .rendering import encode_json_within
 from .settings import Settings
 
 JSON = "application/json"
@@ -163,7 +165,7 @@ async def _produce_with_key(
     if kind == BATCH:
         if partition is None:
             raise bad_request("binary batches need a partition path")
-        batches = split_batches(raw, strict=True)
+        batches = await _validated(raw, broker.log_config(topic).max_decompressed_bytes)
         if len(batches) != 1 or batches[0].producer_id >= 0:
             raise bad_request("with an Idempotency-Key, send one batch without a producer id")
         pid = await broker.idempotency_session(key, digest)
@@ -188,6 +190,16 @@ async def _produce_with_key(
     offsets = [{"partition": p, "offset": base[p] + j} for p, j in placement]
     reply = _produce_reply(acks, offsets, len(parsed), sum(map(len, payloads.values())))
     return _mark_duplicate(reply, results)
+
+
+async def _validated(raw: bytes, max_decompressed_bytes: int) -> list[BatchHeader]:
+    """Producer batches validated whole; off the loop when one is compressed (its
+    decompressed size, up to the topic's cap, sets the cost — not its size on the wire)."""
+    if any_compressed(raw):
+        return await asyncio.to_thread(
+            split_batches, raw, strict=True, max_decompressed_bytes=max_decompressed_bytes
+        )
+    return split_batches(raw, strict=True, max_decompressed_bytes=max_decompressed_bytes)
 
 
 def _mark_duplicate(reply: Reply, results: list[AppendResult]) -> Reply:
@@ -488,9 +500,7 @@ async def fetch(
     )
     min_bytes = int_param(query, "min_bytes", 1, 0, settings.max_fetch_bytes)
     wait_ms = int_param(query, "wait_ms", 0, 0, settings.max_wait_ms)
-    isolation = query.get("isolation", "read_uncommitted")
-    if isolation not in ("read_uncommitted", "read_committed"):
-        raise bad_request("isolation must be read_uncommitted or read_committed")
+    check_isolation(query)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     # JSON answers stop at max_records: read a little first and more only if needed, so a
@@ -516,11 +526,13 @@ async def fetch(
         count = sum(h.record_count for _, h in scan_batches(result.data))
         headers = _position_headers(next_offset, hw, result)
         return Reply(200, result.data, BATCH, headers, count, len(result.data))
-    if kind == NDJSON:
-        body, count, last = encode_json(result.data, offset, max_records, sep=b"\n")
+    sep = b"\n" if kind == NDJSON else b","
+    rendered = encode_json_within(result.data, offset, max_records, max_bytes, sep=sep)
+    body, count, last = rendered.body, rendered.count, rendered.last_offset
+    if rendered.full:  # max_bytes of rendered records: go on after the last one sent
+        next_offset = rendered.next_offset(offset)
     else:
-        body, count, last = encode_json(result.data, offset, max_records)
-    next_offset = next_offset_after(offset, count, last, max_records, read_end(offset, result))
+        next_offset = next_offset_after(offset, count, last, max_records, read_end(offset, result))
     headers = _position_headers(next_offset, hw, result)
     if kind == NDJSON:
         body = body + b"\n" if count else body
@@ -535,6 +547,22 @@ async def fetch(
     )
     doc = b'{"records":[' + body + b"]," + tail[1:]
     return Reply(200, doc, JSON, headers, count, len(result.data))
+
+
+READ_UNCOMMITTED = "read_uncommitted"
+
+
+def check_isolation(query: Mapping[str, str]) -> None:
+    """Only ``isolation=read_uncommitted`` (the default): without transactions there is nothing
+    to wait for, and answering ``read_committed`` the same would be a silent promise."""
+    isolation = query.get("isolation", READ_UNCOMMITTED)
+    if isolation == "read_committed":
+        raise bad_request(
+            "isolation=read_committed is not supported yet: transactions do not exist, so every "
+            "acknowledged record is visible at once; omit isolation or send read_uncommitted"
+        )
+    if isolation != READ_UNCOMMITTED:
+        raise bad_request("isolation must be read_uncommitted (read_committed: not yet)")
 
 
 def read_end(start: int, result: Any) -> int:
@@ -554,15 +582,25 @@ def next_offset_after(start: int, count: int, last: int, limit: int, end: int) -
     return last + 1
 
 
-def decode_from(data: bytes, offset: int, max_records: int) -> list[Record]:
-    """Records at or after ``offset``, at most ``max_records``; stops decoding when enough."""
+def decode_from(
+    data: bytes, offset: int, max_records: int, max_bytes: int | None = None
+) -> list[Record]:
+    """Records at or after ``offset``, at most ``max_records``; stops decoding when enough,
+    or after the batch that brings keys and values to ``max_bytes`` (compressed batches make
+    a read a poor bound on what it decodes to)."""
     out: list[Record] = []
+    payload_bytes = 0
     for pos, h in scan_batches(data):
         if h.last_offset < offset:
             continue
-        out.extend(r for r in decode_records(data, pos) if r.offset >= offset)
+        batch = [r for r in decode_records(data, pos) if r.offset >= offset]
+        out.extend(batch)
         if len(out) >= max_records:
             return out[:max_records]
+        if max_bytes is not None:
+            payload_bytes += sum(len(r.value or b"") + len(r.key or b"") for r in batch)
+            if payload_bytes >= max_bytes:
+                return out
     return out
 
 

@@ -28,40 +28,55 @@ from cluster.coordinator import Coordinator, Fetched
 from cluster.group import Reconciled
 from core_log.batch import Record
 from core_log.errors import LogbusError, OffsetOutOfRangeError
-from core_log.recordjson import encode_json
 
 from .problems import bad_request, problem_body
 from .records import (
     JSON,
     NDJSON,
     Reply,
+    check_isolation,
     decode_from,
     int_param,
     media_type,
     next_offset_after,
 )
 from .records_codec import record_to_json
+from .rendering import encode_json_within
 from .settings import Settings
 
 SSE = "text/event-stream"
 KEEPALIVE_S = 15.0
 SSE_READ_BYTES = 256 * 1024
+# Events sent per write unless the request says max_bytes: as a fetch's default, so a stream of
+# highly compressed records (16 MiB of records in a few KB read) stays one bounded write.
+SSE_CHUNK_BYTES = 1024 * 1024
 SSE_RETRY_MS = 1_000
 
 
-def _taken(f: Fetched, max_records: int) -> tuple[list[Record], int]:
-    """The records of ``f`` to send and the offset after them (the SSE streams)."""
-    records = decode_from(f.result.data, f.offset, max_records)
+def _taken_sse(f: Fetched, max_records: int, max_bytes: int, first: bool) -> tuple[bytes, int, int]:
+    """The events for the records of ``f`` (at most ``max_bytes`` of them, but one if
+    ``first``), how many, and the offset after them (the member SSE stream)."""
+    records = decode_from(f.result.data, f.offset, max_records, max_bytes)
+    events, count = sse_records_within(records, max_bytes, first, f.topic, f.partition)
+    if count < len(records):  # cut by max_bytes: go on after the last record sent
+        return events, count, records[count - 1].offset + 1 if count else f.offset
     last = records[-1].offset if records else -1
-    return records, _next_offset(f, len(records), last, max_records)
+    return events, count, _next_offset(f, count, last, max_records)
 
 
-def _taken_json(f: Fetched, max_records: int, sep: bytes) -> tuple[bytes, int, int]:
+def _taken_json(
+    f: Fetched, max_records: int, max_bytes: int, sep: bytes, first: bool
+) -> tuple[bytes, int, int]:
     """The records of ``f`` to send as JSON objects joined by ``sep`` (each with its topic and
-    partition), how many, and the offset after them."""
+    partition; at most ``max_bytes`` of them, but one if ``first``), how many, and the offset
+    after them."""
     extra = b',"topic":%s,"partition":%d' % (orjson.dumps(f.topic), f.partition)
-    body, count, last = encode_json(f.result.data, f.offset, max_records, extra=extra, sep=sep)
-    return body, count, _next_offset(f, count, last, max_records)
+    r = encode_json_within(
+        f.result.data, f.offset, max_records, max_bytes, extra=extra, sep=sep, at_least_one=first
+    )
+    if r.full:
+        return r.body, r.count, r.next_offset(f.offset)
+    return r.body, r.count, _next_offset(f, r.count, r.last_offset, max_records)
 
 
 def _next_offset(f: Fetched, count: int, last: int, max_records: int) -> int:
@@ -105,6 +120,7 @@ async def member_poll(
         query, "max_records", settings.default_fetch_records, 1, settings.max_fetch_records
     )
     wait_ms = int_param(query, "wait_ms", 0, 0, settings.max_wait_ms)
+    check_isolation(query)
     member = coordinator.member(group_id, member_id)
     wait_ms = min(wait_ms, member.session_timeout_ms // 2)  # a poll must not outlive a session
     reconciled, fetched = await coordinator.poll(group_id, member_id, max_bytes, wait_ms)
@@ -115,12 +131,16 @@ async def member_poll(
     count = 0
     positions = []
     budget = max_records
+    rendered_bytes = 0
     for f in fetched:
-        if budget <= 0:
+        if budget <= 0 or (count and rendered_bytes >= max_bytes):
             break
-        body, taken, next_offset = _taken_json(f, budget, sep)
+        room = max_bytes - rendered_bytes
+        body, taken, next_offset = _taken_json(f, budget, room, sep, not count)
         budget -= taken
         count += taken
+        if taken:
+            rendered_bytes += len(body) + len(sep)
         coordinator.advance(group_id, member_id, (f.topic, f.partition), next_offset)
         if taken:
             bodies.append(body)
@@ -169,9 +189,20 @@ def resume_offset(query: Mapping[str, str], headers: Mapping[str, str]) -> int:
     return int_param(query, "offset", None, 0, 2**63 - 1)
 
 
-def sse_records(records: list[Record], topic: str | None = None, partition: int = -1) -> bytes:
-    parts = []
+def sse_records_within(
+    records: list[Record],
+    max_bytes: int,
+    first: bool = True,
+    topic: str | None = None,
+    partition: int = -1,
+) -> tuple[bytes, int]:
+    """Events for the first of ``records`` that fit in ``max_bytes`` (but one if ``first``,
+    so a stream always moves on), and how many."""
+    parts: list[bytes] = []
+    size = 0
     for r in records:
+        if (parts or not first) and size >= max_bytes:
+            break
         doc = record_to_json(r)
         if topic is not None:
             doc["topic"] = topic
@@ -179,8 +210,12 @@ def sse_records(records: list[Record], topic: str | None = None, partition: int 
             event_id = f"{topic}/{partition}/{r.offset + 1}"
         else:
             event_id = str(r.offset + 1)
-        parts.append(b"id: %s\ndata: %s\n\n" % (event_id.encode(), orjson.dumps(doc)))
-    return b"".join(parts)
+        event = b"id: %s\ndata: %s\n\n" % (event_id.encode(), orjson.dumps(doc))
+        if (parts or not first) and size + len(event) > max_bytes:
+            break
+        parts.append(event)
+        size += len(event)
+    return b"".join(parts), len(parts)
 
 
 def sse_event(event: str, doc: Any) -> bytes:
@@ -188,7 +223,12 @@ def sse_event(event: str, doc: Any) -> bytes:
 
 
 async def partition_sse(
-    broker: Broker, topic: str, partition: int, offset: int, max_records: int
+    broker: Broker,
+    topic: str,
+    partition: int,
+    offset: int,
+    max_records: int,
+    max_bytes: int = SSE_CHUNK_BYTES,
 ) -> AsyncIterator[bytes]:
     """Records of one partition from ``offset``, forever (until the partition goes away).
     An unknown partition (404) or an offset outside the log (416) raise before the first
@@ -207,10 +247,11 @@ async def partition_sse(
         except LogbusError as e:
             yield sse_event("error", problem_body(e))
             return
-        records = decode_from(result.data, offset, max_records)
+        records = decode_from(result.data, offset, max_records, max_bytes)
         if records:
-            yield sse_records(records)
-            offset = records[-1].offset + 1
+            events, count = sse_records_within(records, max_bytes)
+            yield events
+            offset = records[count - 1].offset + 1
             continue
         if result.data and result.next_offset > offset:
             offset = result.next_offset  # a compacted gap
@@ -220,7 +261,11 @@ async def partition_sse(
 
 
 async def member_sse(
-    coordinator: Coordinator, group_id: str, member_id: str, max_records: int
+    coordinator: Coordinator,
+    group_id: str,
+    member_id: str,
+    max_records: int,
+    max_bytes: int = SSE_CHUNK_BYTES,
 ) -> AsyncIterator[bytes]:
     """A member's records as events; assignment changes as ``assignment`` events. The stream
     is the member's heartbeat: revocations are acknowledged once announced (SSE cannot commit;
@@ -244,12 +289,16 @@ async def member_sse(
             coordinator.heartbeat(group_id, member_id, ack=True)
         out = []
         budget = max_records
+        rendered_bytes = 0
         for f in fetched:
-            records, next_offset = _taken(f, budget)
-            budget -= len(records)
+            events, count, next_offset = _taken_sse(
+                f, budget, max_bytes - rendered_bytes, not rendered_bytes
+            )
+            budget -= count
+            rendered_bytes += len(events)
             coordinator.advance(group_id, member_id, (f.topic, f.partition), next_offset)
-            out.append(sse_records(records, f.topic, f.partition))
-            if budget <= 0:
+            out.append(events)
+            if budget <= 0 or rendered_bytes >= max_bytes:
                 break
         if out:
             yield b"".join(out)

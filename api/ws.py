@@ -38,6 +38,7 @@ from core_log.recordjson import encode_json
 from . import records
 from . import ws_protocol as proto
 from .problems import problem_body
+from .rendering import encode_json_within
 from .state import AppState
 
 log = logging.getLogger("logbus.ws")
@@ -49,6 +50,9 @@ log = logging.getLogger("logbus.ws")
 READ_BYTES = 1024 * 1024
 FIRST_READ_BYTES = 64 * 1024
 MAX_RECORDS_PER_FRAME = 10_000
+# Rendered records per JSON frame when the client grants no byte credit: as a fetch's default
+# max_bytes (a 1 MiB read of well-compressed batches can hold gigabytes of records).
+FRAME_JSON_BYTES = 1024 * 1024
 KEEPALIVE_S = 15.0
 
 
@@ -401,7 +405,11 @@ class Session:
 
     async def _send_json(self, tp: TopicPartition, pos: int, result: Any, hw: int) -> int:
         limit = min(self.credit.records, MAX_RECORDS_PER_FRAME)
-        body, count, last = encode_json(result.data, pos, limit)
+        room = FRAME_JSON_BYTES if self.credit.bytes is None else self.credit.bytes
+        rendered = encode_json_within(result.data, pos, limit, room)
+        body, count, last = rendered.body, rendered.count, rendered.last_offset
+        if rendered.full and count:
+            limit = count  # stopped by bytes: go on right after the last record sent
         if not count:
             if result.next_offset > pos:
                 self._advance(tp, result.next_offset)  # a compacted gap

@@ -37,6 +37,8 @@ import msgspec
 
 Format = Literal["json", "binary"]
 Start = Literal["earliest", "latest"]
+# Only read_uncommitted until transactions exist (read_committed is refused, not ignored).
+Isolation = Literal["read_uncommitted"]
 _U31 = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 _U63 = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 _NAME = Annotated[str, msgspec.Meta(min_length=1, max_length=249)]
@@ -72,6 +74,7 @@ class Subscribe(_Op, tag="subscribe"):
     start: Start = msgspec.field(default="latest", name="from")
     timestamp: _U63 | None = None
     format: Format = "json"
+    isolation: Isolation = "read_uncommitted"
 
 
 class Join(_Op, tag="join"):
@@ -84,6 +87,7 @@ class Join(_Op, tag="join"):
     auto_offset_reset: Literal["earliest", "latest", "none"] = "latest"
     auto_ack: bool = False
     format: Format = "json"
+    isolation: Isolation = "read_uncommitted"
 
 
 class Credit(_Op, tag="credit"):
@@ -132,6 +136,12 @@ def parse(raw: str | bytes) -> Message:
         message: Message = _DECODER.decode(raw)
         return message
     except msgspec.ValidationError as e:
+        if "$.isolation" in str(e):
+            raise ValueError(
+                "invalid message: isolation read_committed is not supported yet (transactions "
+                "do not exist, every acknowledged record is visible at once); omit isolation or "
+                "send read_uncommitted"
+            ) from None
         raise ValueError(f"invalid message: {e}") from None
     except msgspec.DecodeError as e:
         raise ValueError(f"not JSON: {e}") from None

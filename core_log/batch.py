@@ -37,11 +37,19 @@ from dataclasses import dataclass, replace
 import crc32c as _crc32c
 
 from .compression import Compression, compress, decompress
-from .errors import CorruptRecordError, InvalidRecordError
+from .errors import (
+    CorruptRecordError,
+    DecompressedTooLargeError,
+    InvalidRecordError,
+    RecordTooLargeError,
+)
 from .limits import (
     MAX_BATCH_BYTES,
+    MAX_DECOMPRESSED_BATCH_RATIO,
+    MAX_DECOMPRESSED_BYTES,
     MAX_HEADER_KEY_BYTES,
     MAX_HEADERS_PER_RECORD,
+    MAX_PRODUCED_DECOMPRESSED_BYTES,
     MAX_RECORDS_PER_BATCH,
 )
 from .recordscan import check_records
@@ -378,13 +386,22 @@ def parse_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
     return BatchHeader(*HEADER.unpack_from(buf, pos))
 
 
-def validate_batch(buf: bytes | memoryview, pos: int = 0, *, strict: bool = False) -> BatchHeader:
+def validate_batch(
+    buf: bytes | memoryview,
+    pos: int = 0,
+    *,
+    strict: bool = False,
+    max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
+) -> BatchHeader:
     """Check the batch at ``pos``: length, magic, CRC, counts. Returns its header.
 
-    ``strict`` adds the rules for batches fresh from a producer: no control batches, and every
-    record walked and checked (:mod:`core_log.recordscan`; compressed batches are decompressed
-    for it, as Kafka's broker does).
-    Raises :class:`CorruptRecordError` or :class:`InvalidRecordError`.
+    ``strict`` adds the rules for batches fresh from a producer: no control or transactional
+    batches (transactions do not exist yet: their records would be visible at once, before any
+    commit), and every record walked and checked (:mod:`core_log.recordscan`; compressed
+    batches are decompressed for it, as Kafka's broker does, reading at most
+    ``max_decompressed_bytes`` of records — see :func:`core_log.config.LogConfig`).
+    Raises :class:`CorruptRecordError`, :class:`InvalidRecordError` or
+    :class:`RecordTooLargeError` (a compressed batch that expands past the cap).
     """
     h = parse_header(buf, pos)
     if h.magic != MAGIC:
@@ -410,19 +427,47 @@ def validate_batch(buf: bytes | memoryview, pos: int = 0, *, strict: bool = Fals
             raise InvalidRecordError("a producer batch must hold records with offset deltas 0..n-1")
         if h.is_control:
             raise InvalidRecordError("producers may not send control batches")
+        if h.is_transactional:
+            raise InvalidRecordError(
+                "transactions are not supported yet: send the batch without the transactional "
+                "attribute (bit 4); an idempotent producer id and sequence are supported"
+            )
         body = memoryview(buf)[pos + RECORDS_OFFSET : pos + size]
         if h.compression is not Compression.NONE:
-            body = memoryview(decompress(h.compression, bytes(body)))
+            body = memoryview(_decompress_capped(h, bytes(body), max_decompressed_bytes))
         check_records(body, h.record_count)
     return h
 
 
-def split_batches(buf: bytes | memoryview, *, strict: bool = False) -> list[BatchHeader]:
+def _decompress_capped(h: BatchHeader, data: bytes, max_bytes: int) -> bytes:
+    try:
+        return decompress(h.compression, data, max_bytes)
+    except DecompressedTooLargeError:
+        raise RecordTooLargeError(
+            f"a {h.compression.name.lower()} batch of {h.size_bytes} bytes decompresses to more "
+            f"than {max_bytes} bytes of records, the cap for this topic "
+            f"({MAX_DECOMPRESSED_BATCH_RATIO} x max.message.bytes, at most "
+            f"{MAX_PRODUCED_DECOMPRESSED_BYTES})",
+            max_decompressed_bytes=max_bytes,
+        ) from None
+
+
+def any_compressed(buf: bytes | memoryview) -> bool:
+    """Does ``buf`` (whole batches back to back) hold a compressed batch? Headers only."""
+    return any(h.attributes & COMPRESSION_MASK for _, h in scan_batches(buf))
+
+
+def split_batches(
+    buf: bytes | memoryview,
+    *,
+    strict: bool = False,
+    max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
+) -> list[BatchHeader]:
     """Validate a buffer holding one or more whole batches back to back; return their headers."""
     headers: list[BatchHeader] = []
     pos = 0
     while pos < len(buf):
-        h = validate_batch(buf, pos, strict=strict)
+        h = validate_batch(buf, pos, strict=strict, max_decompressed_bytes=max_decompressed_bytes)
         headers.append(h)
         pos += h.size_bytes
     return headers

@@ -22,7 +22,7 @@ import cramjam
 import lz4.frame
 import zstandard
 
-from .errors import CorruptRecordError, UnsupportedCompressionError
+from .errors import CorruptRecordError, DecompressedTooLargeError, UnsupportedCompressionError
 from .limits import MAX_DECOMPRESSED_BYTES
 
 
@@ -92,7 +92,8 @@ def compress(codec: Compression, data: bytes) -> bytes:
 
 
 def decompress(codec: Compression, data: bytes, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> bytes:
-    """Decompress ``data``; raise :class:`CorruptRecordError` if it is invalid or too large."""
+    """Decompress ``data``; raise :class:`CorruptRecordError` if it is invalid, its subclass
+    :class:`DecompressedTooLargeError` if it expands past ``max_bytes``."""
     try:
         out = _decompress(codec, data, max_bytes)
     except CorruptRecordError:
@@ -100,7 +101,7 @@ def decompress(codec: Compression, data: bytes, max_bytes: int = MAX_DECOMPRESSE
     except Exception as e:  # every codec library has its own exception types
         raise CorruptRecordError(f"cannot decompress {codec.name} data: {e}") from e
     if len(out) > max_bytes:
-        raise CorruptRecordError(f"decompressed batch exceeds {max_bytes} bytes")
+        raise DecompressedTooLargeError(f"decompressed batch exceeds {max_bytes} bytes")
     return out
 
 
@@ -119,7 +120,7 @@ def _decompress(codec: Compression, data: bytes, max_bytes: int) -> bytes:
         if data.startswith(_XERIAL_MAGIC[:4]):
             return _xerial_decode(data, max_bytes)
         if cramjam.snappy.decompress_raw_len(data) > max_bytes:
-            raise CorruptRecordError(f"decompressed batch exceeds {max_bytes} bytes")
+            raise DecompressedTooLargeError(f"decompressed batch exceeds {max_bytes} bytes")
         return bytes(cramjam.snappy.decompress_raw(data))
     if codec is Compression.LZ4:
         return _lz4_decode(data, max_bytes)
@@ -130,7 +131,7 @@ def _decompress(codec: Compression, data: bytes, max_bytes: int) -> bytes:
 
 def _check_total(total: int, max_bytes: int) -> None:
     if total > max_bytes:
-        raise CorruptRecordError(f"decompressed batch exceeds {max_bytes} bytes")
+        raise DecompressedTooLargeError(f"decompressed batch exceeds {max_bytes} bytes")
 
 
 def _gzip_decode(data: bytes, max_bytes: int) -> bytes:
@@ -240,7 +241,7 @@ def _xerial_decode(data: bytes, max_bytes: int) -> bytes:
         chunk = data[pos : pos + n]
         total += cramjam.snappy.decompress_raw_len(chunk)
         if total > max_bytes:
-            raise CorruptRecordError(f"decompressed batch exceeds {max_bytes} bytes")
+            raise DecompressedTooLargeError(f"decompressed batch exceeds {max_bytes} bytes")
         parts.append(bytes(cramjam.snappy.decompress_raw(chunk)))
         pos += n
     return b"".join(parts)

@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidConfigError
-from .limits import MAX_BATCH_BYTES, MAX_SEGMENT_BYTES
+from .limits import (
+    MAX_BATCH_BYTES,
+    MAX_DECOMPRESSED_BATCH_RATIO,
+    MAX_PRODUCED_DECOMPRESSED_BYTES,
+    MAX_SEGMENT_BYTES,
+)
 
 LONG_MAX = 2**63 - 1
 COMPRESSION_TYPES = ("producer", "uncompressed", "none", "gzip", "snappy", "lz4", "zstd")
@@ -90,6 +95,13 @@ class LogConfig:
     @property
     def log_append_time(self) -> bool:
         return self.timestamp_type == "LogAppendTime"
+
+    @property
+    def max_decompressed_bytes(self) -> int:
+        """The most records one compressed producer batch may expand to (limits.py says why)."""
+        return min(
+            MAX_DECOMPRESSED_BATCH_RATIO * self.max_message_bytes, MAX_PRODUCED_DECOMPRESSED_BYTES
+        )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], base: LogConfig | None = None) -> LogConfig:

@@ -6,6 +6,7 @@ status the API answers with. Programmer errors stay ``AssertionError``/``TypeErr
 
     LogbusError
     ├── CorruptRecordError          CORRUPT_MESSAGE          400
+    │   └── DecompressedTooLargeError   (a compressed batch expands past the cap it is read with)
     ├── InvalidRecordError          INVALID_RECORD           400
     ├── RecordTooLargeError         RECORD_TOO_LARGE         413
     ├── OffsetOutOfRangeError       OFFSET_OUT_OF_RANGE      416  (carries the valid range)
@@ -113,6 +114,11 @@ class CorruptRecordError(LogbusError):
     """A batch failed validation: bad CRC, bad length, torn or truncated bytes."""
 
     code = ErrorCode.CORRUPT_MESSAGE
+
+
+class DecompressedTooLargeError(CorruptRecordError):
+    """A compressed batch expands past the cap it is read with: corrupt data to a reader of
+    the log; produce validation answers it as :class:`RecordTooLargeError` instead."""
 
 
 class InvalidRecordError(LogbusError):

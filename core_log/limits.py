@@ -12,8 +12,24 @@ MAX_BATCH_BYTES = 64 * 1024 * 1024
 # 1 MiB of 1-byte records is ~140k records).
 MAX_RECORDS_PER_BATCH = 1_000_000
 
-# Decompressed size of one batch: guards against compression bombs (zstd can reach 1000:1).
+# Decompressed size of one batch a reader accepts from the log: guards against compression
+# bombs (zstd reaches 32,000:1 on repetitive data). Stays above the produce cap below so data
+# written before that cap existed still reads.
 MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
+
+# Decompressed records of one batch a producer sends, as a multiple of the topic's
+# max.message.bytes (which, as in Kafka, bounds the batch as sent, i.e. compressed). Kafka has
+# no such cap, so an 8 KB zstd batch could carry a 250 MiB record that every fetch then
+# inflates and renders (measured: a 333 MB JSON answer for one record; two took the broker to
+# 2.5 GB RSS and stalled it 17.5 s). Producers stay far below 16x: a Kafka producer fills
+# batch.size (16 KiB) before compressing, and JSON logs compress 5-10x with zstd. With the
+# default max.message.bytes (1 MiB) a batch may carry 16 MiB of records; larger records need a
+# larger max.message.bytes, as they would uncompressed.
+MAX_DECOMPRESSED_BATCH_RATIO = 16
+
+# ... and never more than this, whatever the topic allows: every record produce accepts fits
+# in one fetch of MAX_FETCH_BYTES.
+MAX_PRODUCED_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 
 # Headers per record and header key length (Kafka: unbounded; we pick generous fixed caps).
 MAX_HEADERS_PER_RECORD = 1024
@@ -36,6 +52,8 @@ MAX_SEGMENTS_DELETED_PER_PASS = 64
 DEFAULT_MAX_OPEN_SEGMENT_HANDLES = 1024
 
 # Reads and writes at least this large run in a worker thread instead of the event loop.
+# Appends holding a compressed batch always do: their cost is set by the decompressed size,
+# which the compressed size does not bound (512 bytes of zstd RLE blocks expand to 16 MiB).
 OFF_LOOP_IO_BYTES = 256 * 1024
 
 # Pending waiters on one partition (long-polls); beyond it callers get an immediate answer.

@@ -252,7 +252,9 @@ class PartitionLog:
             self._lock.release()
 
     def _split(self, view: memoryview, as_follower: bool) -> list[BatchHeader]:
-        headers = split_batches(view, strict=not as_follower)
+        headers = split_batches(
+            view, strict=not as_follower, max_decompressed_bytes=self.config.max_decompressed_bytes
+        )
         if not headers:
             raise InvalidRecordError("no record batch in the request")
         return headers

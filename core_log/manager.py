@@ -9,6 +9,9 @@ Theory of operation
   hold it across an fsync) or the append would roll a segment; then, like larger ones, every
   fsync, timestamp lookup and compaction, they run in the named pools of
   :mod:`core_log.executors` (fsync, compaction, reads, appends), never asyncio's shared one.
+  Appends of compressed producer batches go to the appends pool too, whose validation
+  decompresses them (a few hundred bytes may expand to the 16 MiB cap; an 8 KB batch of a
+  250 MiB record blocked the loop 1-2 s before the cap and the thread).
 * Group commit: :meth:`Partition.sync` starts one fsync if none is running and otherwise waits
   for the running one; when it ends, every append that landed meanwhile is covered by the next
   single fsync. Eight concurrent durable writers therefore share fsyncs instead of queueing.
@@ -41,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import executors
+from .batch import any_compressed
 from .checkpoint import fsync_dir
 from .cleaner import DEFAULT_MAX_KEYS, CleanResult, cleaning_priority
 from .clock import Clock, SystemClock
@@ -142,7 +146,8 @@ class Partition:
         self.log_dir.check()
         try:
             result = None
-            if len(data) < OFF_LOOP_IO_BYTES and not self._queued_appends:
+            inline = len(data) < OFF_LOOP_IO_BYTES and not self._queued_appends
+            if inline and (as_follower or not any_compressed(data)):
                 result = self.log.try_append(
                     data, leader_epoch=leader_epoch, as_follower=as_follower
                 )

@@ -1,8 +1,10 @@
-"""Shared OpenAPI fragments: documented error responses."""
+"""Shared OpenAPI fragments: documented error responses, shared query parameters."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from fastapi import Query
 
 from ..problems import PROBLEM_JSON
 from ..schemas import Problem
@@ -32,3 +34,11 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         }
         for s in statuses
     }
+
+
+# Checked by api.records.check_isolation (one message on the fast path and here).
+ISOLATION_QUERY = Query(
+    description="only read_uncommitted (the default): transactions do not exist yet, so "
+    "read_committed is rejected with 400 rather than silently served uncommitted",
+    json_schema_extra={"enum": ["read_uncommitted"]},
+)

@@ -28,9 +28,9 @@ from ..group_schemas import (
     OffsetReset,
 )
 from ..problems import bad_request
-from ..records import JSON, NDJSON, negotiate
+from ..records import JSON, NDJSON, check_isolation, negotiate
 from ..state import CoordinatorDep, StateDep
-from .common import errors
+from .common import ISOLATION_QUERY, errors
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"])
 
@@ -114,14 +114,17 @@ async def poll(
     max_bytes: Annotated[int | None, Query(ge=1)] = None,
     max_records: Annotated[int | None, Query(ge=1)] = None,
     wait_ms: Annotated[int | None, Query(ge=0, description="long-poll up to this long")] = None,
+    isolation: Annotated[str | None, ISOLATION_QUERY] = None,
     accept: Annotated[str | None, Header()] = None,
 ) -> Response:
     kind = negotiate(accept, [JSON, NDJSON, streams.SSE])
     coordinator = state.coordinator
     if kind == streams.SSE:
+        check_isolation(request.query_params)
         coordinator.member(group, member)  # unknown member: 404 before the stream
         max_records = min(max_records or 1000, state.settings.max_fetch_records)
-        return _sse(streams.member_sse(coordinator, group, member, max_records))
+        chunk = min(max_bytes or streams.SSE_CHUNK_BYTES, state.settings.max_fetch_bytes)
+        return _sse(streams.member_sse(coordinator, group, member, max_records, chunk))
     reply = await streams.member_poll(
         coordinator,
         state.settings,

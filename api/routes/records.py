@@ -18,7 +18,7 @@ from core_log.errors import LogbusError
 from .. import records, streams
 from ..schemas import FetchResponse, ProduceResponse
 from ..state import AppState, StateDep
-from .common import errors
+from .common import ISOLATION_QUERY, errors
 
 router = APIRouter(prefix="/v1/topics", tags=["records"])
 
@@ -224,17 +224,22 @@ async def fetch_records(
         int | None,
         Query(ge=0, description="first offset to return (SSE: or the Last-Event-ID header)"),
     ] = None,
-    max_bytes: Annotated[int | None, Query(ge=1, description="bytes of batches to read")] = None,
+    max_bytes: Annotated[
+        int | None,
+        Query(ge=1, description="bytes of records to answer (rendered; at least one record)"),
+    ] = None,
     max_records: Annotated[int | None, Query(ge=1)] = None,
     min_bytes: Annotated[int | None, Query(ge=0, description="wait until this much")] = None,
     wait_ms: Annotated[int | None, Query(ge=0, description="long-poll up to this long")] = None,
-    isolation: Annotated[str | None, Query(examples=["read_uncommitted"])] = None,
+    isolation: Annotated[str | None, ISOLATION_QUERY] = None,
 ) -> Response:
     accept = request.headers.get("accept")
     if streams.wants_sse(accept):
+        records.check_isolation(request.query_params)
         start = streams.resume_offset(request.query_params, request.headers)
         limit = min(max_records or 1000, state.settings.max_fetch_records)
-        body = streams.partition_sse(state.broker, topic, partition, start, limit)
+        chunk = min(max_bytes or streams.SSE_CHUNK_BYTES, state.settings.max_fetch_bytes)
+        body = streams.partition_sse(state.broker, topic, partition, start, limit, chunk)
         await anext(body)  # raises (404) before the response starts; yields the retry line
         return StreamingResponse(
             streams.prepend(b"retry: %d\n\n" % streams.SSE_RETRY_MS, body),

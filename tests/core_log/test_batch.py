@@ -26,6 +26,7 @@ from core_log.batch import (
     MAGIC,
     PREFIX_BYTES,
     Record,
+    any_compressed,
     assemble_batch,
     build_batch,
     decode_records,
@@ -42,8 +43,21 @@ from core_log.batch import (
     validate_batch,
 )
 from core_log.compression import Compression, compress
-from core_log.errors import CorruptRecordError, ErrorCode, InvalidRecordError, LogbusError
-from core_log.limits import MAX_BATCH_BYTES, MAX_RECORDS_PER_BATCH
+from core_log.config import LogConfig
+from core_log.errors import (
+    CorruptRecordError,
+    ErrorCode,
+    InvalidRecordError,
+    LogbusError,
+    RecordTooLargeError,
+)
+from core_log.limits import (
+    MAX_BATCH_BYTES,
+    MAX_DECOMPRESSED_BATCH_RATIO,
+    MAX_DECOMPRESSED_BYTES,
+    MAX_PRODUCED_DECOMPRESSED_BYTES,
+    MAX_RECORDS_PER_BATCH,
+)
 
 # Deterministic (seeded from the test itself), no example database written into the repo, and
 # no per-example deadline (the first call into a codec library can be slow to warm up).
@@ -314,7 +328,7 @@ def test_round_trip(
         partition_leader_epoch=leader_epoch,
         is_transactional=transactional,
     )
-    h = validate_batch(batch, strict=True)
+    h = validate_batch(batch, strict=not transactional)  # producers may not send them yet
     assert h == parse_header(batch)
     assert h.size_bytes == len(batch)
     assert h.batch_length == len(batch) - LOG_OVERHEAD
@@ -455,7 +469,7 @@ def test_kafka_python_batches_decode_identically(
         base_sequence=base_sequence,
         transactional=transactional,
     )
-    h = validate_batch(batch, strict=True)
+    h = validate_batch(batch, strict=not transactional)
     # kafka-python sends uncompressed when compressing does not shrink the records
     assert h.compression in (codec, Compression.NONE)
     assert (h.base_offset, h.partition_leader_epoch) == (0, 0)  # kafka-python writes 0 for both
@@ -869,6 +883,43 @@ def test_strict_rejects_control_batches() -> None:
     assert validate_batch(batch).is_control  # fine in the log (transaction markers)
 
 
+def test_strict_rejects_transactional_batches() -> None:
+    """Transactions do not exist yet: a transactional batch would be visible at once."""
+    batch = build_batch(
+        sample_records(), is_transactional=True, producer_id=1, producer_epoch=0, base_sequence=0
+    )
+    with pytest.raises(InvalidRecordError, match="transactions are not supported yet"):
+        validate_batch(batch, strict=True)
+    assert validate_batch(batch).is_transactional  # a reader of the log still reads one
+
+
+@pytest.mark.parametrize("codec", [c for c in CODECS if c is not Compression.NONE], ids=str)
+def test_strict_caps_the_decompressed_records_of_a_compressed_batch(codec: Compression) -> None:
+    records = [Record(b"x" * 100_000, b"k")]
+    section = len(encode_records(records, records[0].timestamp))
+    batch = build_batch(records, compression=codec)
+    assert len(batch) < section // 10
+    assert validate_batch(batch, strict=True, max_decompressed_bytes=section).record_count == 1
+    with pytest.raises(RecordTooLargeError, match="decompresses to more than") as e:
+        split_batches(batch, strict=True, max_decompressed_bytes=section - 1)
+    assert e.value.code is ErrorCode.MESSAGE_TOO_LARGE
+    assert validate_batch(batch, max_decompressed_bytes=section - 1)  # not strict: not walked
+
+
+def test_a_topic_caps_decompressed_batches_at_a_multiple_of_max_message_bytes() -> None:
+    assert LogConfig().max_decompressed_bytes == MAX_DECOMPRESSED_BATCH_RATIO * 1_048_588
+    huge = LogConfig(max_message_bytes=MAX_BATCH_BYTES)
+    assert huge.max_decompressed_bytes == MAX_PRODUCED_DECOMPRESSED_BYTES
+    assert MAX_PRODUCED_DECOMPRESSED_BYTES <= MAX_DECOMPRESSED_BYTES  # what produce takes reads
+
+
+def test_any_compressed_looks_at_every_batch_header() -> None:
+    plain = build_batch(sample_records())
+    packed = build_batch(sample_records(), compression=Compression.LZ4)
+    assert not any_compressed(plain + plain)
+    assert any_compressed(plain + packed)
+
+
 def test_strict_rejects_a_raised_last_offset_delta_which_compaction_may_leave() -> None:
     records = sample_records()
     batch = build_batch(records, base_offset=100, last_offset_delta=9)
@@ -1064,10 +1115,10 @@ def test_restamp_marks_the_batch_log_append_time(codec: Compression) -> None:
         base_sequence=5,
         is_transactional=True,
     )
-    h = validate_batch(batch, strict=True)
+    h = validate_batch(batch)
     append_time = NOW_MS + 999
     out = restamp(batch, append_time)
-    h2 = validate_batch(out, strict=True)
+    h2 = validate_batch(out)
     assert h2 == replace(h, attributes=h.attributes | 0x08, max_timestamp=append_time, crc=h2.crc)
     assert h2.log_append_time and h2.compression is codec
     assert out[HEADER_BYTES:] == batch[HEADER_BYTES:]  # the records are not touched

@@ -24,6 +24,7 @@ import pytest
 from core_log import fileio
 from core_log.batch import Record, build_batch, decode_records, scan_batches
 from core_log.clock import ManualClock
+from core_log.compression import Compression
 from core_log.config import LogConfig
 from core_log.datadir import LOCK_FILE
 from core_log.errors import (
@@ -359,6 +360,38 @@ def test_durable_append_waits_for_fsync(tmp_path: Path, monkeypatch: pytest.Monk
         await m.close()
 
     run(main)
+
+
+def test_compressed_producer_batches_are_appended_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validating a compressed batch decompresses it, and its size on the wire says nothing of
+    that cost (512 bytes of zstd can expand to 16 MiB): it runs in a worker thread however
+    small the batch. Small uncompressed batches stay inline."""
+    threads: list[bool] = []
+    real_append = PartitionLog._append  # behind both the inline try_append and append
+
+    def recording_append(self: PartitionLog, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real_append(self, *args, **kwargs)
+
+    monkeypatch.setattr(PartitionLog, "_append", recording_append)
+
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        packed = build_batch([Record(bytes(4 * 1024 * 1024))], compression=Compression.ZSTD)
+        assert len(packed) < 1024
+        await p.append(batch(b"first"))  # stores leader epoch 0 (an fsync): off the loop
+        threads.clear()
+        await p.append(batch(b"a"))
+        await p.append(packed)
+        await p.append(batch(b"b") + packed)
+        await m.close()
+
+    run(main)
+    assert threads == [True, False, False]  # inline, worker, worker
 
 
 def test_flush_concurrent_with_appends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
