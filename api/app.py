@@ -14,6 +14,7 @@ from cluster.broker import Broker, BrokerConfig
 from cluster.coordinator import Coordinator
 
 from . import errors
+from .budgets import Budgets
 from .fastpath import FastPath
 from .metrics import Metrics
 from .problems import PROBLEM_JSON
@@ -94,6 +95,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
+    budgets: Budgets = getattr(app.state, "budgets", None) or Budgets.from_settings(settings)
     broker = Broker(broker_config(settings))
     await broker.start()
     coordinator = Coordinator(
@@ -105,8 +107,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state = AppState(
         settings=settings,
         broker=broker,
-        metrics=Metrics(broker, coordinator),
+        metrics=Metrics(broker, coordinator, budgets),
         coordinator=coordinator,
+        budgets=budgets,
     )
     app.state.logbus = state
     fast: FastPath | None = getattr(app.state, "fast_path", None)
@@ -121,10 +124,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await broker.close()
 
 
-def create_app(settings: Settings | None = None) -> FastPath:
+def create_app(settings: Settings | None = None, budgets: Budgets | None = None) -> FastPath:
     """The whole ASGI app: :class:`FastPath` in front of the FastAPI app."""
     settings = settings or Settings()
+    budgets = budgets or Budgets.from_settings(settings)
     app = create_fastapi(settings)
-    fast = FastPath(app)
+    app.state.budgets = budgets
+    fast = FastPath(app, settings, budgets)
     app.state.fast_path = fast
     return fast

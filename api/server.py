@@ -11,6 +11,8 @@ from types import FrameType
 import uvicorn
 
 from .app import create_app
+from .budgets import Budgets
+from .connections import connection_cap, protocols, raise_open_file_limit
 from .fastpath import FastPath
 from .settings import Settings
 
@@ -29,14 +31,21 @@ def serve(settings: Settings) -> int:
     print(f"Docs UI:     {base}/docs", flush=True)
     print(f"Data dir:    {settings.data_dir.resolve()}", flush=True)
     tune_allocator()
-    app = create_app(settings)
+    open_files = raise_open_file_limit()
+    cap = connection_cap(settings.max_connections, open_files, settings.max_open_handles)
+    budgets = Budgets.from_settings(settings, cap)
+    app = create_app(settings, budgets)
+    http, ws = protocols(budgets.gate, settings.header_timeout_ms, settings.send_timeout_ms)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=http,
+        ws=ws,
         log_level="warning",
         timeout_graceful_shutdown=10,
-        limit_concurrency=10_000,
+        timeout_keep_alive=settings.keep_alive_timeout_ms / 1000,  # type: ignore[arg-type]
+        limit_concurrency=None,  # connections.py caps connections; no 503 for everyone
         backlog=2048,
         ws_max_size=settings.max_ws_message_bytes,
         ws_per_message_deflate=settings.ws_compression,
