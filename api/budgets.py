@@ -6,10 +6,11 @@ Per-request caps alone do not bound a broker: 64 MiB per body times 10,000 conne
 and 20 clients that never read a 64 MiB fetch pinned 1.4 GB. So the bytes a broker holds on
 behalf of clients are counted against three global budgets (settings, all in bytes):
 
-* ``max_inflight_body_bytes`` (256 MiB): request bodies being read. A request reserves its
-  declared ``Content-Length`` before its body is read (or each chunk as it arrives, for a
-  chunked body) and gives it back when its answer is sent. No room: ``503`` with
-  ``Retry-After`` before the body is read (:class:`BodyGuard`).
+* ``max_inflight_body_bytes`` (256 MiB): request bodies being read. A request counts each
+  chunk of its body as it arrives and gives them all back when its answer is sent. No room:
+  ``503`` with ``Retry-After`` (:class:`BodyGuard`). Bytes are counted as they arrive, not as
+  declared: a slow upload that declares 64 MiB and sends 1 KiB holds 1 KiB (and is cut off
+  after ``body_timeout_ms``), so slow clients cannot lock others out by declaring much.
 * ``max_inflight_response_bytes`` (256 MiB): produce/fetch answers built and not yet handed to
   the socket. No room: ``503`` with ``Retry-After`` instead of the answer (the read is dropped).
 * ``max_queued_stream_bytes`` (128 MiB): reads a WebSocket or SSE stream has made and not yet
@@ -167,13 +168,9 @@ class _GuardedRequest:
             return {"type": "http.disconnect"}
         if self.body_done:
             return await self._receive()
-        budget = self.guard.budget
-        if self.declared is not None and not self.reserved and self.declared:
-            if self.declared > self.guard.max_body_bytes:
-                return await self._refuse(413, payload_too_large(self.guard.max_body_bytes))
-            if not budget.try_reserve(self.declared):
-                return await self._refuse(503, budget_exhausted(budget))
-            self.reserved = self.declared
+        limit = self.guard.max_body_bytes
+        if self.declared is not None and self.declared > limit:
+            return await self._refuse(413, payload_too_large(limit))
         try:
             async with asyncio.timeout(self.guard.body_timeout_ms / 1000):
                 message = await self._receive()
@@ -184,11 +181,11 @@ class _GuardedRequest:
         if not message.get("more_body", False):
             self.body_done = True
         size = len(message.get("body", b""))
-        if self.declared is None and size:
-            if self.reserved + size > self.guard.max_body_bytes:
-                return await self._refuse(413, payload_too_large(self.guard.max_body_bytes))
-            if not budget.try_reserve(size):
-                return await self._refuse(503, budget_exhausted(budget))
+        if size:
+            if self.reserved + size > limit:
+                return await self._refuse(413, payload_too_large(limit))
+            if not self.guard.budget.try_reserve(size):
+                return await self._refuse(503, budget_exhausted(self.guard.budget))
             self.reserved += size
         return message
 

@@ -13,7 +13,10 @@ Theory of operation
   or repeated across the reconnect. The stream waits on the partition's high-watermark event
   and sends a comment line every ``KEEPALIVE_S`` so proxies keep the connection. Memory per
   stream is one read (``SSE_READ_BYTES``); the socket's flow control (uvicorn awaits the
-  transport's drain) keeps a slow reader from piling up output.
+  transport's drain) keeps a slow reader from piling up output, and ``send_timeout_ms`` closes
+  a reader that takes nothing. All streams together hold at most ``max_queued_stream_bytes``
+  (:mod:`api.budgets`): each read is counted (``SSE_HELD_BYTES``) until its events are sent,
+  and a stream waits for room before it reads.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from core_log.batch import Record
 from core_log.errors import LogbusError, OffsetOutOfRangeError
 from core_log.recordjson import encode_json
 
+from .budgets import ByteBudget
 from .problems import bad_request, problem_body
 from .records import (
     JSON,
@@ -46,6 +50,8 @@ from .settings import Settings
 SSE = "text/event-stream"
 KEEPALIVE_S = 15.0
 SSE_READ_BYTES = 256 * 1024
+# Held against max_queued_stream_bytes per read in flight: the read and its rendered events.
+SSE_HELD_BYTES = 2 * SSE_READ_BYTES
 SSE_RETRY_MS = 1_000
 
 
@@ -188,7 +194,12 @@ def sse_event(event: str, doc: Any) -> bytes:
 
 
 async def partition_sse(
-    broker: Broker, topic: str, partition: int, offset: int, max_records: int
+    broker: Broker,
+    topic: str,
+    partition: int,
+    offset: int,
+    max_records: int,
+    budget: ByteBudget,
 ) -> AsyncIterator[bytes]:
     """Records of one partition from ``offset``, forever (until the partition goes away).
     An unknown partition (404) or an offset outside the log (416) raise before the first
@@ -203,15 +214,20 @@ async def partition_sse(
             p = broker.partition(topic, partition)
             if p.released:
                 return
-            result = await p.read(offset, SSE_READ_BYTES)
         except LogbusError as e:
             yield sse_event("error", problem_body(e))
             return
-        records = decode_from(result.data, offset, max_records)
-        if records:
-            yield sse_records(records)
-            offset = records[-1].offset + 1
-            continue
+        async with budget.held(SSE_HELD_BYTES):  # from the read until its events are sent
+            try:
+                result = await p.read(offset, SSE_READ_BYTES)
+            except LogbusError as e:
+                yield sse_event("error", problem_body(e))
+                return
+            records = decode_from(result.data, offset, max_records)
+            if records:
+                yield sse_records(records)
+                offset = records[-1].offset + 1
+                continue
         if result.data and result.next_offset > offset:
             offset = result.next_offset  # a compacted gap
             continue
@@ -220,7 +236,11 @@ async def partition_sse(
 
 
 async def member_sse(
-    coordinator: Coordinator, group_id: str, member_id: str, max_records: int
+    coordinator: Coordinator,
+    group_id: str,
+    member_id: str,
+    max_records: int,
+    budget: ByteBudget,
 ) -> AsyncIterator[bytes]:
     """A member's records as events; assignment changes as ``assignment`` events. The stream
     is the member's heartbeat: revocations are acknowledged once announced (SSE cannot commit;
@@ -237,21 +257,44 @@ async def member_sse(
         except LogbusError as e:
             yield sse_event("error", problem_body(e))
             return
-        if (reconciled.assigned, reconciled.revoking) != last:
-            last = (reconciled.assigned, reconciled.revoking)
-            yield sse_event("assignment", assignment_doc(reconciled, wait_ms))
-        if reconciled.revoking:
-            coordinator.heartbeat(group_id, member_id, ack=True)
-        out = []
-        budget = max_records
-        for f in fetched:
-            records, next_offset = _taken(f, budget)
-            budget -= len(records)
-            coordinator.advance(group_id, member_id, (f.topic, f.partition), next_offset)
-            out.append(sse_records(records, f.topic, f.partition))
-            if budget <= 0:
-                break
-        if out:
-            yield b"".join(out)
-        elif not fetched:
-            yield b": keepalive\n\n"
+        held = SSE_HELD_BYTES if fetched else 0
+        if not budget.try_reserve(held):
+            # No room: drop the read (positions move only on advance), wait for room while
+            # holding nothing, and poll again (the records are there: it answers at once).
+            del fetched
+            await budget.wait_reserve(held)
+            budget.release(held)
+            continue
+        try:
+            if (reconciled.assigned, reconciled.revoking) != last:
+                last = (reconciled.assigned, reconciled.revoking)
+                yield sse_event("assignment", assignment_doc(reconciled, wait_ms))
+            if reconciled.revoking:
+                coordinator.heartbeat(group_id, member_id, ack=True)
+            out = _member_events(coordinator, group_id, member_id, fetched, max_records)
+            if out:
+                yield out
+            elif not fetched:
+                yield b": keepalive\n\n"
+        finally:
+            budget.release(held)
+
+
+def _member_events(
+    coordinator: Coordinator,
+    group_id: str,
+    member_id: str,
+    fetched: list[Fetched],
+    max_records: int,
+) -> bytes:
+    """Events for up to ``max_records`` of ``fetched``; the member's positions move past them."""
+    out = []
+    left = max_records
+    for f in fetched:
+        records, next_offset = _taken(f, left)
+        left -= len(records)
+        coordinator.advance(group_id, member_id, (f.topic, f.partition), next_offset)
+        out.append(sse_records(records, f.topic, f.partition))
+        if left <= 0:
+            break
+    return b"".join(out)

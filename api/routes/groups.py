@@ -121,7 +121,8 @@ async def poll(
     if kind == streams.SSE:
         coordinator.member(group, member)  # unknown member: 404 before the stream
         max_records = min(max_records or 1000, state.settings.max_fetch_records)
-        return _sse(streams.member_sse(coordinator, group, member, max_records))
+        stream_budget = state.budgets.stream
+        return _sse(streams.member_sse(coordinator, group, member, max_records, stream_budget))
     reply = await streams.member_poll(
         coordinator,
         state.settings,

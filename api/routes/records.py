@@ -234,7 +234,9 @@ async def fetch_records(
     if streams.wants_sse(accept):
         start = streams.resume_offset(request.query_params, request.headers)
         limit = min(max_records or 1000, state.settings.max_fetch_records)
-        body = streams.partition_sse(state.broker, topic, partition, start, limit)
+        body = streams.partition_sse(
+            state.broker, topic, partition, start, limit, state.budgets.stream
+        )
         await anext(body)  # raises (404) before the response starts; yields the retry line
         return StreamingResponse(
             streams.prepend(b"retry: %d\n\n" % streams.SSE_RETRY_MS, body),

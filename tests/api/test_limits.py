@@ -17,10 +17,10 @@ import pytest
 
 from tests.api.conftest import make_client, start_broker
 from tests.api.helpers import BATCH, PROBLEM, create_topic
+from tests.api.rawclient import DEADLINE_S, closed_by_peer, connect, read_answer, ws_open, ws_send
 from tests.server import BrokerProcess
 
 MIB = 1024 * 1024
-DEADLINE_S = 20.0  # generous on a shared 2-core machine; the timeouts under test are ≤ 1 s
 
 SMALL_LIMITS = {
     "LOGBUS_HEADER_TIMEOUT_MS": "400",
@@ -47,45 +47,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 def http(broker: BrokerProcess) -> Iterator[httpx.Client]:
     with make_client(broker) as c:
         yield c
-
-
-def connect(broker: BrokerProcess, rcvbuf: int | None = None) -> socket.socket:
-    s = socket.socket()
-    if rcvbuf is not None:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    s.connect(("127.0.0.1", broker.port))
-    s.settimeout(DEADLINE_S)
-    return s
-
-
-def closed_by_peer(s: socket.socket) -> bool:
-    """Read until EOF (True) or the deadline (False); answers before EOF are skipped."""
-    try:
-        while s.recv(65536):
-            pass
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        return True
-    return True
-
-
-def read_answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(65536)
-        assert chunk, f"closed before an answer: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
-    length = int(headers.get("content-length", "0"))
-    while len(body) < length:
-        chunk = s.recv(65536)
-        assert chunk
-        body += chunk
-    return status, headers, body
 
 
 # -- connections -------------------------------------------------------------------------------
@@ -179,27 +140,32 @@ def test_a_body_that_stops_arriving_gets_408(broker: BrokerProcess, http: httpx.
     assert http.get(f"/v1/topics/{topic}/partitions/0/records?offset=0").json()["records"] == []
 
 
-def test_the_body_budget_is_shared_by_all_requests(
-    broker: BrokerProcess, http: httpx.Client
-) -> None:
-    """One upload holds the whole body budget (1 MiB): the next gets 503 + Retry-After."""
-    topic = create_topic(http, "budget")
-    with connect(broker) as s:
-        s.sendall(
-            f"POST /v1/topics/{topic}/records HTTP/1.1\r\nHost: x\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {MIB}\r\n\r\n".encode()
-            + b'{"records": ['
-        )
-        _wait_for_metric(http, "logbus_inflight_body_bytes", MIB)
-        r = http.post(f"/v1/topics/{topic}/records", json={"records": [{"value": 1}]})
-        assert r.status_code == 503, r.text
-        assert r.headers["content-type"] == PROBLEM
-        assert r.headers["retry-after"] == "1"
-        assert r.json()["code"] == "BROKER_BUSY" and r.json()["retriable"] is True
-    # the stalled upload times out (408) and gives its bytes back
-    _wait_for_metric(http, "logbus_inflight_body_bytes", 0)
-    r = http.post(f"/v1/topics/{topic}/records", json={"records": [{"value": 1}]})
-    assert r.status_code == 200, r.text
+def test_the_body_budget_is_shared_by_all_requests(tmp_path: Path) -> None:
+    """An upload that has sent nearly the whole body budget (1 MiB) and stalls: the next
+    produce gets 503 + Retry-After; once the stalled one goes, produce works again."""
+    env = {**SMALL_LIMITS, "LOGBUS_BODY_TIMEOUT_MS": "60000"}
+    b = start_broker(tmp_path / "data", env=env)
+    try:
+        with make_client(b) as http:
+            topic = create_topic(http, "budget")
+            sent = MIB - 10
+            with connect(b) as s:
+                s.sendall(
+                    f"POST /v1/topics/{topic}/records HTTP/1.1\r\nHost: x\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {MIB}\r\n\r\n".encode()
+                    + b" " * sent
+                )
+                _wait_for_metric(http, "logbus_inflight_body_bytes", sent)
+                r = http.post(f"/v1/topics/{topic}/records", json={"records": [{"value": 1}]})
+                assert r.status_code == 503, r.text
+                assert r.headers["content-type"] == PROBLEM
+                assert r.headers["retry-after"] == "1"
+                assert r.json()["code"] == "BROKER_BUSY" and r.json()["retriable"] is True
+            _wait_for_metric(http, "logbus_inflight_body_bytes", 0)
+            r = http.post(f"/v1/topics/{topic}/records", json={"records": [{"value": 1}]})
+            assert r.status_code == 200, r.text
+    finally:
+        b.stop()
 
 
 def test_an_admin_body_over_max_request_bytes_gets_413(http: httpx.Client) -> None:
@@ -255,3 +221,57 @@ def _wait_for_metric_above(http: httpx.Client, name: str, value: float) -> None:
     while (got := _metric(http.get("/metrics").text, name)) <= value:
         assert time.monotonic() < deadline, f"{name} = {got}, waited for > {value}"
         time.sleep(0.05)
+
+
+def test_a_websocket_consumer_that_never_reads_holds_one_read_then_is_closed(
+    broker: BrokerProcess, http: httpx.Client
+) -> None:
+    """Pushes to a consumer that never reads its socket: the broker holds at most one read
+    for it (max_queued_stream_bytes counts it), and aborts it after send_timeout_ms, which
+    frees that read; the WebSocket ping timeout alone could not (close waits for a drain)."""
+    topic = create_topic(http, "ws-unread")
+    value = "x" * (256 * 1024)
+    for _ in range(16):
+        r = http.post(f"/v1/topics/{topic}/records", json={"records": [{"value": value}] * 3})
+        assert r.status_code == 200, r.text
+    with ws_open(broker, rcvbuf=4096) as s:
+        partitions = [{"topic": topic, "partition": 0, "offset": 0}]
+        ws_send(s, {"op": "subscribe", "partitions": partitions, "format": "binary"})
+        ws_send(s, {"op": "credit", "records": 1_000_000})
+        _wait_for_metric_above(http, "logbus_queued_stream_bytes", 0)
+        assert _metric(http.get("/metrics").text, "logbus_queued_stream_bytes") <= MIB
+        # not read meanwhile: reading would let the broker go on
+        _wait_for_metric(http, "logbus_queued_stream_bytes", 0)
+        assert closed_by_peer(s)
+
+
+def test_an_sse_reader_that_never_reads_is_closed(
+    broker: BrokerProcess, http: httpx.Client
+) -> None:
+    topic = create_topic(http, "sse-unread")
+    value = "x" * (256 * 1024)
+    for _ in range(16):
+        r = http.post(f"/v1/topics/{topic}/records", json={"records": [{"value": value}] * 3})
+        assert r.status_code == 200, r.text
+    with connect(broker, rcvbuf=4096) as s:
+        s.sendall(
+            f"GET /v1/topics/{topic}/partitions/0/records?offset=0 HTTP/1.1\r\nHost: x\r\n"
+            "Accept: text/event-stream\r\n\r\n".encode()
+        )
+        _wait_for_metric_above(http, "logbus_queued_stream_bytes", 0)
+        _wait_for_metric(http, "logbus_queued_stream_bytes", 0)  # not read meanwhile
+        assert closed_by_peer(s)
+
+
+def test_the_limits_are_published(http: httpx.Client) -> None:
+    limits = http.get("/v1/cluster").json()["limits"]
+    assert limits["header_timeout_ms"] == 400
+    assert limits["send_timeout_ms"] == 1000
+    assert limits["max_inflight_body_bytes"] == MIB == limits["max_request_bytes"]
+    assert limits["max_inflight_response_bytes"] == 16 * MIB
+    assert limits["max_queued_stream_bytes"] == 128 * MIB
+    assert 0 < limits["max_connections"] <= 10_000
+    metrics = http.get("/metrics").text
+    assert _metric(metrics, "logbus_open_connections") >= 1
+    for name in ("logbus_inflight_body_bytes", "logbus_connections_refused_total"):
+        assert _metric(metrics, name) >= 0
