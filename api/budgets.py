@@ -12,7 +12,8 @@ behalf of clients are counted against three global budgets (settings, all in byt
   declared: a slow upload that declares 64 MiB and sends 1 KiB holds 1 KiB (and is cut off
   after ``body_timeout_ms``), so slow clients cannot lock others out by declaring much.
 * ``max_inflight_response_bytes`` (256 MiB): produce/fetch answers built and not yet handed to
-  the socket. No room: ``503`` with ``Retry-After`` instead of the answer (the read is dropped).
+  the socket. No room: ``503`` with ``Retry-After`` instead of the answer — before the read
+  when the fetch's ``max_bytes`` would not fit, else once the answer is built (it is dropped).
 * ``max_queued_stream_bytes`` (128 MiB): reads a WebSocket or SSE stream has made and not yet
   sent. A stream waits for room (it holds nothing while it waits); a client that never reads
   its socket holds one read until it is closed (``send_timeout_ms`` for SSE, the WebSocket
@@ -59,6 +60,10 @@ class ByteBudget:
             return False
         self.used_bytes += n
         return True
+
+    def fits(self, n: int) -> bool:
+        """Whether ``n`` bytes would be admitted now (nothing is reserved)."""
+        return not self.used_bytes or self.used_bytes + n <= self.cap_bytes
 
     def release(self, n: int) -> None:
         """Give back ``n`` reserved bytes; whoever waits for room tries again."""

@@ -119,13 +119,13 @@ class FastPath:
                 )
             else:
                 assert partition is not None
-                reply = await records.fetch(
-                    state.broker, state.settings, topic, partition, query, headers.get("accept")
-                )
+                reply = await self._fetch(state, topic, partition, query, headers.get("accept"))
         except ClientDisconnected:
             return
         except LogbusError as e:
             reply = records.Reply(e.code.http_status, problem_bytes(e), PROBLEM_JSON)
+            if e.code is ErrorCode.BROKER_BUSY:
+                reply.headers["Retry-After"] = str(RETRY_AFTER_S)
         except Exception:
             log.exception("unexpected error on %s %s", method, scope["path"])
             internal = LogbusError("internal error", code=ErrorCode.UNKNOWN_SERVER_ERROR)
@@ -140,6 +140,45 @@ class FastPath:
             reply.records,
             reply.size_bytes,
         )
+
+    async def _fetch(
+        self,
+        state: AppState,
+        topic: str,
+        partition: int,
+        query: dict[str, str],
+        accept: str | None,
+    ) -> records.Reply:
+        """A fetch that reads only if the answers in flight leave room for ``max_bytes``.
+
+        A fetch that answers at once holds ``max_bytes`` of the budget while it reads (20
+        clients asking for 64 MiB at the same moment must not all read it); a long-poll that
+        will wait holds nothing while it waits (500 of them would otherwise fill the budget).
+        """
+        settings = state.settings
+        budget = self.budgets.response
+        wanted = records.int_param(
+            query, "max_bytes", settings.default_fetch_bytes, 1, settings.max_fetch_bytes
+        )
+        hold = wanted if _answers_at_once(state, topic, partition, query) else 0
+        if not budget.fits(wanted) or not budget.try_reserve(hold):
+            raise budget_exhausted(budget)
+        try:
+            return await records.fetch(state.broker, settings, topic, partition, query, accept)
+        finally:
+            budget.release(hold)
+
+
+def _answers_at_once(state: AppState, topic: str, partition: int, query: dict[str, str]) -> bool:
+    """No wait asked for, or records already there at the offset."""
+    if query.get("wait_ms", "0") == "0":
+        return True
+    offset = query.get("offset", "")
+    try:
+        hw = state.broker.partition(topic, partition).high_watermark
+    except LogbusError:
+        return True  # the fetch answers the error at once
+    return offset.isdigit() and len(offset) < 20 and int(offset) < hw
 
 
 def _wants_sse(scope: Scope) -> bool:

@@ -21,6 +21,8 @@ def test_a_budget_admits_what_fits_and_one_oversize_when_empty() -> None:
     assert not b.try_reserve(1)
     b.release(1_000)
     assert b.used_bytes == 0
+    assert b.fits(1_000)  # fits() says what try_reserve would do, reserving nothing
+    assert b.try_reserve(50) and b.fits(50) and not b.fits(51)
 
 
 def test_a_waiter_gets_room_when_it_is_released() -> None:
