@@ -17,6 +17,7 @@ from cluster.coordinator import Coordinator
 from core_log.datadir import DataDirLock
 
 from . import errors
+from .budgets import Budgets
 from .fastpath import FastPath
 from .loop_lag import LoopLagProbe
 from .metrics import Metrics
@@ -99,6 +100,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
+    budgets: Budgets = getattr(app.state, "budgets", None) or Budgets.from_settings(settings)
     broker = Broker(broker_config(settings), dir_lock=getattr(app.state, "dir_lock", None))
     await broker.start()
     coordinator = Coordinator(
@@ -110,8 +112,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state = AppState(
         settings=settings,
         broker=broker,
-        metrics=Metrics(broker, coordinator),
+        metrics=Metrics(broker, coordinator, budgets),
         coordinator=coordinator,
+        budgets=budgets,
     )
     app.state.logbus = state
     probe = asyncio.create_task(LoopLagProbe(state.metrics.loop_lag).run(), name="loop-lag")
@@ -130,12 +133,19 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await broker.close()
 
 
-def create_app(settings: Settings | None = None, dir_lock: DataDirLock | None = None) -> FastPath:
+def create_app(
+    settings: Settings | None = None,
+    dir_lock: DataDirLock | None = None,
+    budgets: Budgets | None = None,
+) -> FastPath:
     """The whole ASGI app: :class:`FastPath` in front of the FastAPI app. ``dir_lock``: the
-    data directory's lock, when the caller took it already (see :func:`api.server.serve`)."""
+    data directory's lock, when the caller took it already (see :func:`api.server.serve`);
+    ``budgets``: the connection and byte budgets shared with the server's protocols."""
     settings = settings or Settings()
+    budgets = budgets or Budgets.from_settings(settings)
     app = create_fastapi(settings)
     app.state.dir_lock = dir_lock
-    fast = FastPath(app)
+    app.state.budgets = budgets
+    fast = FastPath(app, settings, budgets)
     app.state.fast_path = fast
     return fast

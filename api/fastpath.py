@@ -20,13 +20,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from core_log.errors import ErrorCode, LogbusError
 
 from . import records, streams
+from .budgets import RETRY_AFTER_S, BodyGuard, Budgets, ByteBudget, budget_exhausted
 from .problems import PROBLEM_JSON, payload_too_large, problem_bytes
+from .settings import Settings
 from .state import AppState
 
 log = logging.getLogger("logbus.api")
 
 _TOPIC_RECORDS = re.compile(r"^/v1/topics/([^/]+)/records$")
 _PARTITION_RECORDS = re.compile(r"^/v1/topics/([^/]+)/partitions/(\d{1,9})/records$")
+
+
+# Answers larger than this are handed to the socket in slices of this size.
+SEND_CHUNK_BYTES = 1024 * 1024
 
 
 class ClientDisconnected(Exception):
@@ -44,11 +50,23 @@ async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
 
 
 class FastPath:
-    def __init__(self, app: ASGIApp) -> None:
+    """Also the outermost app: every HTTP request passes its :class:`BodyGuard` first."""
+
+    def __init__(self, app: ASGIApp, settings: Settings, budgets: Budgets) -> None:
         self.app = app
+        self.budgets = budgets
         self.state: AppState | None = None  # set by the app's lifespan
+        self._guarded = BodyGuard(
+            self._route, budgets.body, settings.max_request_bytes, settings.body_timeout_ms
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._guarded(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
         if scope["type"] != "http" or state is None or not state.settings.fast_path:
             await self.app(scope, receive, send)
@@ -101,18 +119,18 @@ class FastPath:
                 )
             else:
                 assert partition is not None
-                reply = await records.fetch(
-                    state.broker, state.settings, topic, partition, query, headers.get("accept")
-                )
+                reply = await self._fetch(state, topic, partition, query, headers.get("accept"))
         except ClientDisconnected:
             return
         except LogbusError as e:
             reply = records.Reply(e.code.http_status, problem_bytes(e), PROBLEM_JSON)
+            if e.code is ErrorCode.BROKER_BUSY:
+                reply.headers["Retry-After"] = str(RETRY_AFTER_S)
         except Exception:
             log.exception("unexpected error on %s %s", method, scope["path"])
             internal = LogbusError("internal error", code=ErrorCode.UNKNOWN_SERVER_ERROR)
             reply = records.Reply(500, problem_bytes(internal), PROBLEM_JSON)
-        await send_reply(send, reply)
+        await send_budgeted(send, reply, self.budgets.response)
         state.metrics.observe(
             route,
             method,
@@ -122,6 +140,45 @@ class FastPath:
             reply.records,
             reply.size_bytes,
         )
+
+    async def _fetch(
+        self,
+        state: AppState,
+        topic: str,
+        partition: int,
+        query: dict[str, str],
+        accept: str | None,
+    ) -> records.Reply:
+        """A fetch that reads only if the answers in flight leave room for ``max_bytes``.
+
+        A fetch that answers at once holds ``max_bytes`` of the budget while it reads (20
+        clients asking for 64 MiB at the same moment must not all read it); a long-poll that
+        will wait holds nothing while it waits (500 of them would otherwise fill the budget).
+        """
+        settings = state.settings
+        budget = self.budgets.response
+        wanted = records.int_param(
+            query, "max_bytes", settings.default_fetch_bytes, 1, settings.max_fetch_bytes
+        )
+        hold = wanted if _answers_at_once(state, topic, partition, query) else 0
+        if not budget.fits(wanted) or not budget.try_reserve(hold):
+            raise budget_exhausted(budget)
+        try:
+            return await records.fetch(state.broker, settings, topic, partition, query, accept)
+        finally:
+            budget.release(hold)
+
+
+def _answers_at_once(state: AppState, topic: str, partition: int, query: dict[str, str]) -> bool:
+    """No wait asked for, or records already there at the offset."""
+    if query.get("wait_ms", "0") == "0":
+        return True
+    offset = query.get("offset", "")
+    try:
+        hw = state.broker.partition(topic, partition).high_watermark
+    except LogbusError:
+        return True  # the fetch answers the error at once
+    return offset.isdigit() and len(offset) < 20 and int(offset) < hw
 
 
 def _wants_sse(scope: Scope) -> bool:
@@ -134,6 +191,26 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
+async def send_budgeted(send: Send, reply: records.Reply, budget: ByteBudget) -> None:
+    """Send ``reply`` if the answers in flight leave room for it, else 503 + Retry-After."""
+    assert isinstance(reply.body, bytes)
+    size = len(reply.body)
+    if not budget.try_reserve(size):
+        error = budget_exhausted(budget)
+        reply = records.Reply(
+            503,
+            problem_bytes(error),
+            PROBLEM_JSON,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+        await send_reply(send, reply)
+        return
+    try:
+        await send_reply(send, reply)
+    finally:
+        budget.release(size)
+
+
 async def send_reply(send: Send, reply: records.Reply) -> None:
     assert isinstance(reply.body, bytes)
     raw: list[tuple[bytes, bytes]] = [
@@ -143,4 +220,15 @@ async def send_reply(send: Send, reply: records.Reply) -> None:
     raw.extend((k.lower().encode(), v.encode()) for k, v in reply.headers.items())
     start: dict[str, Any] = {"type": "http.response.start", "status": reply.status, "headers": raw}
     await send(start)
-    await send({"type": "http.response.body", "body": reply.body})
+    body = reply.body
+    if len(body) <= SEND_CHUNK_BYTES:
+        await send({"type": "http.response.body", "body": body})
+        return
+    # In slices: the transport copies only what the socket does not take at once, and
+    # uvicorn waits for it to drain between slices, so a slow reader never makes the broker
+    # hold the answer twice.
+    view = memoryview(body)
+    for at in range(0, len(body), SEND_CHUNK_BYTES):
+        piece = view[at : at + SEND_CHUNK_BYTES]
+        more = at + SEND_CHUNK_BYTES < len(body)
+        await send({"type": "http.response.body", "body": piece, "more_body": more})

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from cluster.broker import Broker
 from cluster.coordinator import Coordinator
 
+from .budgets import Budgets
 from .loop_lag import LagRecorder
 
 MAX_GROUPS_EXPORTED = 1_000  # a scrape stays bounded whatever the number of groups
@@ -108,8 +109,39 @@ class _GroupCollector(Collector):
         yield from (members, lag, plag)
 
 
+class _LimitsCollector(Collector):
+    """Connections and bytes held for clients, against their caps (scrape time)."""
+
+    def __init__(self, budgets: Budgets) -> None:
+        self.budgets = budgets
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        b = self.budgets
+        yield GaugeMetricFamily(
+            "logbus_open_connections", "Open client connections", value=b.gate.open
+        )
+        yield CounterMetricFamily(
+            "logbus_connections_refused",
+            "Connections refused at accept (at max_connections, none idle)",
+            value=b.gate.refused,
+        )
+        yield CounterMetricFamily(
+            "logbus_connections_evicted",
+            "Idle connections closed to admit a new one (at max_connections)",
+            value=b.gate.evicted,
+        )
+        for name, budget, what in (
+            ("logbus_inflight_body_bytes", b.body, "Request body bytes being read"),
+            ("logbus_inflight_response_bytes", b.response, "Produce/fetch answer bytes sent"),
+            ("logbus_queued_stream_bytes", b.stream, "WebSocket/SSE bytes read, not yet sent"),
+        ):
+            yield GaugeMetricFamily(name, what, value=budget.used_bytes)
+
+
 class Metrics:
-    def __init__(self, broker: Broker, coordinator: Coordinator | None = None) -> None:
+    def __init__(
+        self, broker: Broker, coordinator: Coordinator | None = None, budgets: Budgets | None = None
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -131,6 +163,8 @@ class Metrics:
         r.register(_LogDirCollector(broker))
         if coordinator is not None:
             r.register(_GroupCollector(coordinator))
+        if budgets is not None:
+            r.register(_LimitsCollector(budgets))
         self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self._topic_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
 

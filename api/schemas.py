@@ -166,6 +166,7 @@ class ClusterPublic(BaseModel):
                 {
                     "controller": 1,
                     "brokers": [{"broker_id": 1, "host": "127.0.0.1", "port": 8080, "rack": None}],
+                    "limits": {"max_connections": 10000, "max_request_bytes": 67108864},
                 }
             ]
         }
@@ -173,6 +174,11 @@ class ClusterPublic(BaseModel):
 
     controller: int
     brokers: list[BrokerPublic]
+    limits: dict[str, int] = Field(
+        default_factory=dict,
+        description="The broker's caps and timeouts in force, named as its settings "
+        "(bytes, ms or counts as the name says); see docs/operations.md",
+    )
 
 
 class Problem(BaseModel):

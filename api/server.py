@@ -19,6 +19,8 @@ import uvicorn
 from core_log.datadir import DataDirInUseError, DataDirLock
 
 from .app import create_app
+from .budgets import Budgets
+from .connections import connection_cap, protocols, raise_open_file_limit
 from .fastpath import FastPath
 from .settings import Settings
 
@@ -76,14 +78,21 @@ def _run(settings: Settings, sock: socket.socket, dir_lock: DataDirLock) -> None
     print(f"Docs UI:     {base}/docs", flush=True)
     print(f"Data dir:    {settings.data_dir.resolve()}", flush=True)
     tune_allocator()
-    app = create_app(settings, dir_lock)
+    open_files = raise_open_file_limit()
+    cap = connection_cap(settings.max_connections, open_files, settings.max_open_handles)
+    budgets = Budgets.from_settings(settings, cap)
+    app = create_app(settings, dir_lock, budgets)
+    http, ws = protocols(budgets.gate, settings.header_timeout_ms, settings.send_timeout_ms)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=http,
+        ws=ws,
         log_level="warning",
         timeout_graceful_shutdown=10,
-        limit_concurrency=10_000,
+        timeout_keep_alive=settings.keep_alive_timeout_ms / 1000,  # type: ignore[arg-type]
+        limit_concurrency=None,  # connections.py caps connections; no 503 for everyone
         backlog=2048,
         ws_max_size=settings.max_ws_message_bytes,
         ws_per_message_deflate=settings.ws_compression,

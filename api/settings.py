@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
+from pydantic import model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -38,7 +39,28 @@ class Settings(BaseSettings):
     # browsers offer it always, so it is off unless asked for.
     ws_compression: bool = False
 
+    # Connections, bodies and answers in flight (api/connections.py, api/budgets.py): a flood
+    # of idle sockets, slow uploads or clients that never read costs bounded memory and time.
+    max_connections: int = 10_000  # beyond it the oldest idle connection is closed (Kafka:
+    # max.connections); clamped below the process's open-file limit at start
+    header_timeout_ms: int = 10_000  # a request head must arrive whole within this
+    keep_alive_timeout_ms: int = 5_000  # an idle keep-alive connection is closed after this
+    body_timeout_ms: int = 30_000  # no request-body bytes for this long: 408, closed
+    send_timeout_ms: int = 30_000  # a client that takes no answer bytes for this long: closed
+    max_inflight_body_bytes: int = 256 * 1024 * 1024  # request bodies being read, all clients
+    max_inflight_response_bytes: int = 256 * 1024 * 1024  # produce/fetch answers being sent
+    max_queued_stream_bytes: int = 128 * 1024 * 1024  # WebSocket/SSE reads being pushed
+
     fast_path: bool = True  # serve produce/fetch from the lean ASGI route
+
+    @model_validator(mode="after")
+    def _budgets_fit_one_request(self) -> Settings:
+        """Each budget admits at least one request of the largest size a client may send."""
+        if self.max_inflight_body_bytes < self.max_request_bytes:
+            raise ValueError("max_inflight_body_bytes must be >= max_request_bytes")
+        if self.max_inflight_response_bytes < self.max_fetch_bytes:
+            raise ValueError("max_inflight_response_bytes must be >= max_fetch_bytes")
+        return self
 
     @property
     def is_loopback(self) -> bool:

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from cluster.broker import Broker
 from cluster.coordinator import Coordinator
 
+from .budgets import Budgets
 from .metrics import Metrics
 from .settings import Settings
 
@@ -20,6 +21,7 @@ class AppState:
     broker: Broker
     metrics: Metrics
     coordinator: Coordinator
+    budgets: Budgets
 
 
 def get_state(request: Request) -> AppState:

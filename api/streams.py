@@ -13,7 +13,10 @@ Theory of operation
   or repeated across the reconnect. The stream waits on the partition's high-watermark event
   and sends a comment line every ``KEEPALIVE_S`` so proxies keep the connection. Memory per
   stream is one read (``SSE_READ_BYTES``); the socket's flow control (uvicorn awaits the
-  transport's drain) keeps a slow reader from piling up output.
+  transport's drain) keeps a slow reader from piling up output, and ``send_timeout_ms`` closes
+  a reader that takes nothing. All streams together hold at most ``max_queued_stream_bytes``
+  (:mod:`api.budgets`): each read is counted (:func:`sse_held_bytes`) until its events are sent,
+  and a stream waits for room before it reads.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from cluster.group import Reconciled
 from core_log.batch import Record
 from core_log.errors import LogbusError, OffsetOutOfRangeError
 
+from .budgets import ByteBudget
 from .problems import bad_request, problem_body
 from .records import (
     JSON,
@@ -50,6 +54,14 @@ SSE_READ_BYTES = 256 * 1024
 # Events sent per write unless the request says max_bytes: as a fetch's default, so a stream of
 # highly compressed records (16 MiB of records in a few KB read) stays one bounded write.
 SSE_CHUNK_BYTES = 1024 * 1024
+
+
+def sse_held_bytes(max_bytes: int) -> int:
+    """Held against max_queued_stream_bytes per read in flight: the read and its rendered
+    events (at most ``max_bytes``, plus one record past it)."""
+    return SSE_READ_BYTES + max_bytes
+
+
 SSE_RETRY_MS = 1_000
 
 
@@ -228,6 +240,7 @@ async def partition_sse(
     partition: int,
     offset: int,
     max_records: int,
+    budget: ByteBudget,
     max_bytes: int = SSE_CHUNK_BYTES,
 ) -> AsyncIterator[bytes]:
     """Records of one partition from ``offset``, forever (until the partition goes away).
@@ -243,16 +256,23 @@ async def partition_sse(
             p = broker.partition(topic, partition)
             if p.released:
                 return
-            result = await p.read(offset, SSE_READ_BYTES)
         except LogbusError as e:
             yield sse_event("error", problem_body(e))
             return
-        records = decode_from(result.data, offset, max_records, max_bytes)
-        if records:
-            events, count = sse_records_within(records, max_bytes)
-            yield events
-            offset = records[count - 1].offset + 1
-            continue
+        async with budget.held(
+            sse_held_bytes(max_bytes)
+        ):  # from the read until its events are sent
+            try:
+                result = await p.read(offset, SSE_READ_BYTES)
+            except LogbusError as e:
+                yield sse_event("error", problem_body(e))
+                return
+            records = decode_from(result.data, offset, max_records, max_bytes)
+            if records:
+                events, count = sse_records_within(records, max_bytes)
+                yield events
+                offset = records[count - 1].offset + 1
+                continue
         if result.data and result.next_offset > offset:
             offset = result.next_offset  # a compacted gap
             continue
@@ -265,6 +285,7 @@ async def member_sse(
     group_id: str,
     member_id: str,
     max_records: int,
+    budget: ByteBudget,
     max_bytes: int = SSE_CHUNK_BYTES,
 ) -> AsyncIterator[bytes]:
     """A member's records as events; assignment changes as ``assignment`` events. The stream
@@ -282,25 +303,50 @@ async def member_sse(
         except LogbusError as e:
             yield sse_event("error", problem_body(e))
             return
-        if (reconciled.assigned, reconciled.revoking) != last:
-            last = (reconciled.assigned, reconciled.revoking)
-            yield sse_event("assignment", assignment_doc(reconciled, wait_ms))
-        if reconciled.revoking:
-            coordinator.heartbeat(group_id, member_id, ack=True)
-        out = []
-        budget = max_records
-        rendered_bytes = 0
-        for f in fetched:
-            events, count, next_offset = _taken_sse(
-                f, budget, max_bytes - rendered_bytes, not rendered_bytes
-            )
-            budget -= count
-            rendered_bytes += len(events)
-            coordinator.advance(group_id, member_id, (f.topic, f.partition), next_offset)
-            out.append(events)
-            if budget <= 0 or rendered_bytes >= max_bytes:
-                break
-        if out:
-            yield b"".join(out)
-        elif not fetched:
-            yield b": keepalive\n\n"
+        held = sse_held_bytes(max_bytes) if fetched else 0
+        if not budget.try_reserve(held):
+            # No room: drop the read (positions move only on advance), wait for room while
+            # holding nothing, and poll again (the records are there: it answers at once).
+            del fetched
+            await budget.wait_reserve(held)
+            budget.release(held)
+            continue
+        try:
+            if (reconciled.assigned, reconciled.revoking) != last:
+                last = (reconciled.assigned, reconciled.revoking)
+                yield sse_event("assignment", assignment_doc(reconciled, wait_ms))
+            if reconciled.revoking:
+                coordinator.heartbeat(group_id, member_id, ack=True)
+            out = _member_events(coordinator, group_id, member_id, fetched, max_records, max_bytes)
+            if out:
+                yield out
+            elif not fetched:
+                yield b": keepalive\n\n"
+        finally:
+            budget.release(held)
+
+
+def _member_events(
+    coordinator: Coordinator,
+    group_id: str,
+    member_id: str,
+    fetched: list[Fetched],
+    max_records: int,
+    max_bytes: int,
+) -> bytes:
+    """Events for up to ``max_records`` of ``fetched`` within ``max_bytes`` rendered (at least
+    one record); the member's positions move past them."""
+    out = []
+    left = max_records
+    rendered_bytes = 0
+    for f in fetched:
+        events, count, next_offset = _taken_sse(
+            f, left, max_bytes - rendered_bytes, not rendered_bytes
+        )
+        left -= count
+        rendered_bytes += len(events)
+        coordinator.advance(group_id, member_id, (f.topic, f.partition), next_offset)
+        out.append(events)
+        if left <= 0 or rendered_bytes >= max_bytes:
+            break
+    return b"".join(out)

@@ -15,7 +15,10 @@ One session per socket, two tasks:
   subscription changed) — never on a timer, except to keep a member's session alive.
 
 Memory per idle session: two tasks and the socket's buffers; nothing is queued for a client
-beyond the frame being sent (uvicorn's ``send`` waits for the transport to drain).
+beyond the frame being sent (uvicorn's ``send`` waits for the transport to drain). Each read
+is held against the broker's ``max_queued_stream_bytes`` from before the read until its frame
+is sent (:mod:`api.budgets`), so all pushers together hold a bounded amount; a client that
+never reads its socket holds one read until ``send_timeout_ms`` aborts it.
 """
 
 from __future__ import annotations
@@ -385,23 +388,30 @@ class Session:
                 continue
             budget = self._read_bytes.get(tp, FIRST_READ_BYTES)
             if self.credit.bytes is not None:
-                budget = min(budget, self.credit.bytes)
+                budget = max(1, min(budget, self.credit.bytes))
             try:
                 pos = self._position(tp)
-                p = self.broker.partition(*tp)
-                if pos >= p.high_watermark:
+                if pos >= self.broker.partition(*tp).high_watermark:
                     continue
-                result = await p.read(pos, max(budget, 1))
             except LogbusError as e:
                 await self._source_failed(tp, e)
                 continue
-            full = len(result.data) >= budget // 2
-            self._read_bytes[tp] = min(READ_BYTES, budget * 2) if full else FIRST_READ_BYTES
-            if self.format == "binary":
-                sent += await self._send_binary(tp, pos, result.data, result.high_watermark)
-            else:
-                sent += await self._send_json(tp, pos, result, result.high_watermark)
+            async with self.state.budgets.stream.held(budget):  # until the frame is sent
+                sent += await self._push_partition(tp, pos, budget)
         return sent
+
+    async def _push_partition(self, tp: TopicPartition, pos: int, budget: int) -> int:
+        """Read ``budget`` bytes of ``tp`` from ``pos`` and send what the credit allows."""
+        try:
+            result = await self.broker.partition(*tp).read(pos, budget)
+        except LogbusError as e:
+            await self._source_failed(tp, e)
+            return 0
+        full = len(result.data) >= budget // 2
+        self._read_bytes[tp] = min(READ_BYTES, budget * 2) if full else FIRST_READ_BYTES
+        if self.format == "binary":
+            return await self._send_binary(tp, pos, result.data, result.high_watermark)
+        return await self._send_json(tp, pos, result, result.high_watermark)
 
     async def _send_json(self, tp: TopicPartition, pos: int, result: Any, hw: int) -> int:
         limit = min(self.credit.records, MAX_RECORDS_PER_FRAME)

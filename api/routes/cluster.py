@@ -7,18 +7,45 @@ import asyncio
 from fastapi import APIRouter, Response
 
 from ..schemas import BrokerPublic, ClusterPublic
-from ..state import BrokerDep, StateDep
+from ..state import AppState, BrokerDep, StateDep
 
 router = APIRouter(tags=["cluster"])
 
 
-@router.get("/v1/cluster", summary="Brokers and the controller")
-async def cluster(broker: BrokerDep) -> ClusterPublic:
+@router.get("/v1/cluster", summary="Brokers, the controller and this broker's limits")
+async def cluster(state: StateDep) -> ClusterPublic:
+    broker = state.broker
     rows = await asyncio.to_thread(broker.store.brokers)  # SQL: never on the event loop
     brokers = [
         BrokerPublic(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack) for b in rows
     ]
-    return ClusterPublic(controller=broker.config.broker_id, brokers=brokers)
+    return ClusterPublic(controller=broker.config.broker_id, brokers=brokers, limits=limits(state))
+
+
+# Settings shown in ``limits`` as they are; max_connections is shown as the cap in force.
+_LIMIT_SETTINGS = (
+    "max_request_bytes",
+    "max_records_per_request",
+    "max_fetch_bytes",
+    "max_fetch_records",
+    "max_wait_ms",
+    "max_ws_message_bytes",
+    "header_timeout_ms",
+    "keep_alive_timeout_ms",
+    "body_timeout_ms",
+    "send_timeout_ms",
+    "max_inflight_body_bytes",
+    "max_inflight_response_bytes",
+    "max_queued_stream_bytes",
+)
+
+
+def limits(state: AppState) -> dict[str, int]:
+    """The caps and timeouts in force, named as the settings."""
+    out: dict[str, int] = {"max_connections": state.budgets.gate.cap}
+    for name in _LIMIT_SETTINGS:
+        out[name] = int(getattr(state.settings, name))
+    return out
 
 
 @router.get("/healthz", summary="Liveness: the process answers")

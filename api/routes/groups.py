@@ -124,7 +124,10 @@ async def poll(
         coordinator.member(group, member)  # unknown member: 404 before the stream
         max_records = min(max_records or 1000, state.settings.max_fetch_records)
         chunk = min(max_bytes or streams.SSE_CHUNK_BYTES, state.settings.max_fetch_bytes)
-        return _sse(streams.member_sse(coordinator, group, member, max_records, chunk))
+        stream_budget = state.budgets.stream
+        return _sse(
+            streams.member_sse(coordinator, group, member, max_records, stream_budget, chunk)
+        )
     reply = await streams.member_poll(
         coordinator,
         state.settings,

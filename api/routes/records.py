@@ -239,7 +239,9 @@ async def fetch_records(
         start = streams.resume_offset(request.query_params, request.headers)
         limit = min(max_records or 1000, state.settings.max_fetch_records)
         chunk = min(max_bytes or streams.SSE_CHUNK_BYTES, state.settings.max_fetch_bytes)
-        body = streams.partition_sse(state.broker, topic, partition, start, limit, chunk)
+        body = streams.partition_sse(
+            state.broker, topic, partition, start, limit, state.budgets.stream, chunk
+        )
         await anext(body)  # raises (404) before the response starts; yields the retry line
         return StreamingResponse(
             streams.prepend(b"retry: %d\n\n" % streams.SSE_RETRY_MS, body),

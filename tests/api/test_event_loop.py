@@ -11,6 +11,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from api.loop_lag import INTERVAL_S, WINDOW_S, LagRecorder, LoopLagProbe
@@ -49,8 +50,9 @@ def test_probe_sees_a_blocked_loop() -> None:
     assert asyncio.run(main()) >= 0.15
 
 
-def test_cluster_route_runs_its_sql_off_the_loop() -> None:
+def test_cluster_route_runs_its_sql_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     threads: list[int] = []
+    monkeypatch.setattr("api.routes.cluster.limits", lambda _state: {})
 
     def brokers() -> list[BrokerMeta]:
         threads.append(threading.get_ident())
@@ -59,6 +61,6 @@ def test_cluster_route_runs_its_sql_off_the_loop() -> None:
     fake: Any = SimpleNamespace(
         store=SimpleNamespace(brokers=brokers), config=SimpleNamespace(broker_id=1)
     )
-    answer = asyncio.run(cluster(fake))
+    answer = asyncio.run(cluster(SimpleNamespace(broker=fake)))
     assert answer.controller == 1 and [b.port for b in answer.brokers] == [8080]
     assert threads and threads[0] != threading.get_ident()
