@@ -20,13 +20,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from core_log.errors import ErrorCode, LogbusError
 
 from . import records, streams
+from .params import PARTITION_MAX
 from .problems import PROBLEM_JSON, payload_too_large, problem_bytes
 from .state import AppState
 
 log = logging.getLogger("logbus.api")
 
 _TOPIC_RECORDS = re.compile(r"^/v1/topics/([^/]+)/records$")
-_PARTITION_RECORDS = re.compile(r"^/v1/topics/([^/]+)/partitions/(\d{1,9})/records$")
+# Plain digits only (no sign, no leading zero); anything else goes to FastAPI, which says 400.
+_PARTITION_RECORDS = re.compile(r"^/v1/topics/([^/]+)/partitions/(0|[1-9][0-9]{0,9})/records$")
 
 
 class ClientDisconnected(Exception):
@@ -57,7 +59,7 @@ class FastPath:
         method: str = scope["method"]
         topic: str | None = None
         partition: int | None = None
-        if m := _PARTITION_RECORDS.match(path):
+        if (m := _PARTITION_RECORDS.match(path)) and int(m[2]) <= PARTITION_MAX:
             topic, partition = m[1], int(m[2])
         elif m := _TOPIC_RECORDS.match(path):
             topic = m[1]

@@ -27,6 +27,7 @@ from ..group_schemas import (
     OffsetCommit,
     OffsetReset,
 )
+from ..params import OFFSET_MAX, Digits
 from ..problems import bad_request
 from ..records import JSON, NDJSON, negotiate
 from ..state import CoordinatorDep, StateDep
@@ -111,9 +112,11 @@ async def poll(
     member: str,
     request: Request,
     state: StateDep,
-    max_bytes: Annotated[int | None, Query(ge=1)] = None,
-    max_records: Annotated[int | None, Query(ge=1)] = None,
-    wait_ms: Annotated[int | None, Query(ge=0, description="long-poll up to this long")] = None,
+    max_bytes: Annotated[int | None, Query(ge=1, le=OFFSET_MAX), Digits] = None,
+    max_records: Annotated[int | None, Query(ge=1, le=OFFSET_MAX), Digits] = None,
+    wait_ms: Annotated[
+        int | None, Query(ge=0, le=OFFSET_MAX, description="long-poll up to this long"), Digits
+    ] = None,
     accept: Annotated[str | None, Header()] = None,
 ) -> Response:
     kind = negotiate(accept, [JSON, NDJSON, streams.SSE])
