@@ -15,6 +15,7 @@ from cluster.coordinator import Coordinator
 
 from . import errors
 from .fastpath import FastPath
+from .guard import BrowserPolicy
 from .metrics import Metrics
 from .problems import PROBLEM_JSON
 from .routes import cluster, groups, producers, records, topics, ws
@@ -125,6 +126,9 @@ def create_app(settings: Settings | None = None) -> FastPath:
     """The whole ASGI app: :class:`FastPath` in front of the FastAPI app."""
     settings = settings or Settings()
     app = create_fastapi(settings)
-    fast = FastPath(app)
+    policy = BrowserPolicy(
+        settings.host, settings.port, settings.allowed_hosts, settings.allowed_origins
+    )
+    fast = FastPath(app, policy)
     app.state.fast_path = fast
     return fast

@@ -19,7 +19,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core_log.errors import ErrorCode, LogbusError
 
-from . import records, streams
+from . import guard, records, streams
+from .guard import BrowserPolicy
 from .params import PARTITION_MAX
 from .problems import PROBLEM_JSON, payload_too_large, problem_bytes
 from .state import AppState
@@ -46,11 +47,24 @@ async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
 
 
 class FastPath:
-    def __init__(self, app: ASGIApp) -> None:
+    """The front door: the browser checks (:mod:`api.guard`) for every request, then produce
+    and fetch here, everything else in FastAPI."""
+
+    def __init__(self, app: ASGIApp, policy: BrowserPolicy | None = None) -> None:
         self.app = app
+        self.policy = policy
         self.state: AppState | None = None  # set by the app's lifespan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.policy is not None and scope["type"] in ("http", "websocket"):
+            verdict = self.policy.check(
+                scope["type"], scope.get("method", "GET"), guard.headers_of(scope)
+            )
+            if verdict.status:
+                await guard.refuse(scope, send, verdict)
+                return
+            if verdict.headers:
+                send = guard.with_headers(send, verdict.headers)
         state = self.state
         if scope["type"] != "http" or state is None or not state.settings.fast_path:
             await self.app(scope, receive, send)

@@ -81,6 +81,7 @@ class ErrorCode(enum.Enum):
     REQUEST_TIMEOUT = (-1006, True, 408)
     NOT_ACCEPTABLE = (-1007, False, 406)
     IDEMPOTENCY_KEY_REUSED = (-1008, False, 422)
+    ORIGIN_NOT_ALLOWED = (-1020, False, 403)  # a browser page of another origin
 
     def __init__(self, kafka_code: int, retriable: bool, http_status: int) -> None:
         self.kafka_code = kafka_code

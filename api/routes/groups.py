@@ -175,8 +175,13 @@ def _offsets(
     )
 
 
-@router.get("/{group}/offsets", summary="The group's committed offsets", responses=errors(400))
+@router.get(
+    "/{group}/offsets",
+    summary="The group's committed offsets (404 for a group with neither members nor offsets)",
+    responses=errors(400, 404),
+)
 async def get_offsets(group: str, coordinator: CoordinatorDep) -> GroupOffsets:
+    coordinator.require_known(group)
     return _offsets(coordinator, group)
 
 

@@ -301,3 +301,24 @@ def test_octet_stream_over_max_message_bytes_is_413(http: httpx.Client) -> None:
     r = post(http, f"/v1/topics/{name}/records", b"x" * 2000, OCTETS)
     assert_problem(r, 413, "MESSAGE_TOO_LARGE")
     assert end_offsets(http, name) == [0]
+
+
+# -- what the OpenAPI document promises --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("PUT", "/v1/topics/{topic}", {"GET", "DELETE"}),
+        ("PUT", "/v1/topics/{topic}/partitions/0/records", {"GET", "POST"}),
+        ("DELETE", "/v1/topics/{topic}/records", {"POST"}),
+        ("POST", "/v1/topics/{topic}/configs", {"GET", "PATCH"}),
+    ],
+)
+def test_405_names_the_allowed_methods(
+    http: httpx.Client, topic: str, method: str, path: str, allow: set[str]
+) -> None:
+    r = http.request(method, path.format(topic=topic))
+    assert_problem(r, 405, "METHOD_NOT_ALLOWED")
+    got = {m.strip() for m in r.headers["allow"].split(",")}
+    assert allow <= got and method not in got, got
