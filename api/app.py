@@ -19,6 +19,7 @@ from core_log.datadir import DataDirLock
 from . import errors
 from .budgets import Budgets
 from .fastpath import FastPath
+from .guard import BrowserPolicy
 from .loop_lag import LoopLagProbe
 from .metrics import Metrics
 from .problems import PROBLEM_JSON
@@ -146,6 +147,9 @@ def create_app(
     app = create_fastapi(settings)
     app.state.dir_lock = dir_lock
     app.state.budgets = budgets
-    fast = FastPath(app, settings, budgets)
+    policy = BrowserPolicy(
+        settings.host, settings.port, settings.allowed_hosts, settings.allowed_origins
+    )
+    fast = FastPath(app, settings, budgets, policy)
     app.state.fast_path = fast
     return fast

@@ -23,6 +23,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="allow binding a non-loopback address without authentication",
     )
+    serve.add_argument(
+        "--allowed-host",
+        action="append",
+        dest="allowed_hosts",
+        help="a Host name (name or name:port) clients may use besides the bound ones; repeat",
+    )
+    serve.add_argument(
+        "--allowed-origin",
+        action="append",
+        dest="allowed_origins",
+        help="a web page origin (https://app.example) allowed cross-origin, with CORS; repeat",
+    )
     serve.add_argument("--no-fast-path", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
 
@@ -48,6 +60,8 @@ def _serve(args: argparse.Namespace) -> int:
             "metadata_url": args.metadata_url,
             "insecure": args.insecure or None,
             "fast_path": False if args.no_fast_path else None,
+            "allowed_hosts": args.allowed_hosts,
+            "allowed_origins": args.allowed_origins,
         }.items()
         if v is not None
     }

@@ -7,6 +7,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 
 from core_log.errors import ErrorCode, LogbusError
 
@@ -40,8 +41,24 @@ def install(app: FastAPI) -> None:
         return problem_response(error)
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> Response:
+    async def _http(request: Request, exc: HTTPException) -> Response:
         code = _HTTP_CODES.get(exc.status_code, ErrorCode.INVALID_REQUEST)
         body = problem_body(LogbusError(str(exc.detail), code=code))
         body["status"] = exc.status_code
-        return Response(orjson.dumps(body), exc.status_code, media_type=PROBLEM_JSON)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return Response(orjson.dumps(body), exc.status_code, headers, media_type=PROBLEM_JSON)
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette names only the first route's)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    ]

@@ -19,8 +19,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core_log.errors import ErrorCode, LogbusError
 
-from . import records, streams
+from . import guard, records, streams
 from .budgets import RETRY_AFTER_S, BodyGuard, Budgets, ByteBudget, budget_exhausted
+from .guard import BrowserPolicy
+from .params import PARTITION_MAX
 from .problems import PROBLEM_JSON, payload_too_large, problem_bytes
 from .settings import Settings
 from .state import AppState
@@ -28,7 +30,8 @@ from .state import AppState
 log = logging.getLogger("logbus.api")
 
 _TOPIC_RECORDS = re.compile(r"^/v1/topics/([^/]+)/records$")
-_PARTITION_RECORDS = re.compile(r"^/v1/topics/([^/]+)/partitions/(\d{1,9})/records$")
+# Plain digits only (no sign, no leading zero); anything else goes to FastAPI, which says 400.
+_PARTITION_RECORDS = re.compile(r"^/v1/topics/([^/]+)/partitions/(0|[1-9][0-9]{0,9})/records$")
 
 
 # Answers larger than this are handed to the socket in slices of this size.
@@ -50,17 +53,35 @@ async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
 
 
 class FastPath:
-    """Also the outermost app: every HTTP request passes its :class:`BodyGuard` first."""
+    """The front door: the browser checks (:mod:`api.guard`) for every request, then every HTTP
+    request passes its :class:`BodyGuard`; produce and fetch are served here, everything else
+    in FastAPI."""
 
-    def __init__(self, app: ASGIApp, settings: Settings, budgets: Budgets) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: Settings,
+        budgets: Budgets,
+        policy: BrowserPolicy | None = None,
+    ) -> None:
         self.app = app
         self.budgets = budgets
+        self.policy = policy
         self.state: AppState | None = None  # set by the app's lifespan
         self._guarded = BodyGuard(
             self._route, budgets.body, settings.max_request_bytes, settings.body_timeout_ms
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.policy is not None and scope["type"] in ("http", "websocket"):
+            verdict = self.policy.check(
+                scope["type"], scope.get("method", "GET"), guard.headers_of(scope)
+            )
+            if verdict.status:
+                await guard.refuse(scope, send, verdict)
+                return
+            if verdict.headers:
+                send = guard.with_headers(send, verdict.headers)
         if scope["type"] == "http":
             await self._guarded(scope, receive, send)
         else:
@@ -75,7 +96,7 @@ class FastPath:
         method: str = scope["method"]
         topic: str | None = None
         partition: int | None = None
-        if m := _PARTITION_RECORDS.match(path):
+        if (m := _PARTITION_RECORDS.match(path)) and int(m[2]) <= PARTITION_MAX:
             topic, partition = m[1], int(m[2])
         elif m := _TOPIC_RECORDS.match(path):
             topic = m[1]

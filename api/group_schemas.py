@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from api.params import OFFSET_MAX, PARTITION_MAX
 from cluster.coordinator import MAX_METADATA_CHARS, MAX_OFFSETS_PER_COMMIT
 from cluster.group import (
     MAX_TOPICS_PER_MEMBER,
@@ -31,10 +32,10 @@ class MemberJoin(BaseModel):
         },
     )
     topics: list[str] = Field(min_length=1, max_length=MAX_TOPICS_PER_MEMBER)
-    session_timeout_ms: int = Field(
+    session_timeout_ms: StrictInt = Field(
         SESSION_TIMEOUT_MS_DEFAULT, ge=SESSION_TIMEOUT_MS_MIN, le=SESSION_TIMEOUT_MS_MAX
     )
-    rebalance_timeout_ms: int = Field(
+    rebalance_timeout_ms: StrictInt = Field(
         REBALANCE_TIMEOUT_MS_DEFAULT,
         ge=SESSION_TIMEOUT_MS_MIN,
         le=SESSION_TIMEOUT_MS_MAX,
@@ -79,8 +80,10 @@ class MemberAssignment(BaseModel):
 class OffsetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     topic: str
-    partition: int = Field(ge=0)
-    offset: int = Field(ge=0, description="the next offset to read (Kafka's convention)")
+    partition: StrictInt = Field(ge=0, le=PARTITION_MAX)
+    offset: StrictInt = Field(
+        ge=0, le=OFFSET_MAX, description="the next offset to read (Kafka's convention)"
+    )
     metadata: str = Field("", max_length=MAX_METADATA_CHARS)
 
 
@@ -98,7 +101,7 @@ class OffsetCommit(BaseModel):
         },
     )
     member_id: str | None = Field(None, description="omit only for a group with no members")
-    generation: int | None = None
+    generation: StrictInt | None = Field(None, ge=-1, le=2**31 - 1)
     offsets: list[OffsetIn] = Field(min_length=1, max_length=MAX_OFFSETS_PER_COMMIT)
 
 
@@ -143,7 +146,9 @@ class OffsetReset(BaseModel):
         description="every partition of these topics (earliest/latest/"
         "timestamp); default: the topics the group has offsets for",
     )
-    timestamp: int | None = Field(None, description="with to=timestamp, in ms")
+    timestamp: StrictInt | None = Field(
+        None, ge=0, le=OFFSET_MAX, description="with to=timestamp, in ms"
+    )
     offsets: list[OffsetIn] | None = Field(None, max_length=MAX_OFFSETS_PER_COMMIT)
 
 

@@ -36,7 +36,21 @@ def problem_body(error: LogbusError) -> dict[str, Any]:
 
 
 def problem_bytes(error: LogbusError) -> bytes:
-    return orjson.dumps(problem_body(error))
+    body = problem_body(error)
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # a detail JSON cannot carry (an integer past 64 bits a client sent)
+        return orjson.dumps({k: _jsonable(v) for k, v in body.items()})
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
 
 
 def bad_request(message: str, **detail: Any) -> LogbusError:

@@ -41,6 +41,7 @@ from core_log.batch import (
 from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
 from core_log.log import AppendResult
 
+from .params import is_uint, parse_uint
 from .problems import bad_request, payload_too_large, unsupported_media_type
 from .records_codec import (
     parse_json_body,
@@ -53,7 +54,8 @@ from .settings import Settings
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
 BATCH = "application/vnd.logbus.batch"
-PRODUCE_TYPES = [JSON, NDJSON, BATCH]
+OCTETS = "application/octet-stream"  # the body is one record's value; key in Logbus-Key
+PRODUCE_TYPES = [JSON, NDJSON, BATCH, OCTETS]
 FETCH_TYPES = [JSON, NDJSON, BATCH]
 
 # Target size of a batch built from JSON records: large enough to amortise the 61-byte header
@@ -107,7 +109,9 @@ async def produce(
     """Produce the request body. ``headers`` needs Content-Type and may carry a producer
     session (Logbus-Producer-Id, Logbus-Producer-Epoch, Logbus-Sequence) for idempotence."""
     acks = Acks.parse(query.get("acks"))
-    kind = media_type(headers.get("content-type")) or JSON
+    kind = media_type(headers.get("content-type"))
+    if kind not in PRODUCE_TYPES:  # no type is refused too: a browser's no-cors POST has none
+        raise unsupported_media_type(kind or "(none)", PRODUCE_TYPES)
     producer = producer_session(headers)
     meta = broker.topic(topic)  # 404 before reading the body
     if partition is not None:
@@ -115,7 +119,9 @@ async def produce(
     if (key := headers.get("idempotency-key")) is not None:
         if producer is not None:
             raise bad_request("send either an Idempotency-Key or a producer session, not both")
-        return await _produce_with_key(broker, settings, topic, partition, acks, kind, key, body)
+        return await _produce_with_key(
+            broker, settings, topic, partition, acks, kind, key, headers, body
+        )
     if kind == BATCH:
         if producer is not None:
             raise bad_request("binary batches carry their producer id, epoch and sequence")
@@ -127,13 +133,22 @@ async def produce(
     elif kind == NDJSON:
         parsed = await _parse_ndjson(body, settings, now)
     else:
-        raise unsupported_media_type(kind, PRODUCE_TYPES)
+        raw = await read_body(body, settings.max_request_bytes)
+        parsed = [(None, octets_record(raw, headers, now))]
     if producer is not None:
         return await _produce_idempotent(broker, topic, partition, acks, parsed, producer)
     return await _produce_parsed(broker, topic, partition, acks, parsed, meta.partitions)
 
 
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+LOGBUS_KEY = "logbus-key"
+
+
+def octets_record(value: bytes, headers: Mapping[str, str], now_ms: int) -> Record:
+    """An ``application/octet-stream`` body: one record whose value is the body as sent (empty
+    is an empty value, not a tombstone) and whose key is the ``Logbus-Key`` header's bytes."""
+    key = headers.get(LOGBUS_KEY)
+    return Record(value, None if key is None else key.encode("latin-1"), (), now_ms)
 
 
 async def _produce_with_key(
@@ -144,6 +159,7 @@ async def _produce_with_key(
     acks: Acks,
     kind: str,
     key: str,
+    headers: Mapping[str, str],
     body: Body,
 ) -> Reply:
     """Produce once per Idempotency-Key, for clients that never manage sequences.
@@ -156,11 +172,12 @@ async def _produce_with_key(
     """
     if not _IDEMPOTENCY_KEY.fullmatch(key):
         raise bad_request("Idempotency-Key must be 1..255 visible ASCII characters")
-    if kind not in PRODUCE_TYPES:
-        raise unsupported_media_type(kind, PRODUCE_TYPES)
     raw = await read_body(body, settings.max_request_bytes)
+    record_key = headers.get(LOGBUS_KEY, "") if kind == OCTETS else ""
     digest = hashlib.sha256(
-        b"\0".join([topic.encode(), str(partition).encode(), kind.encode(), raw])
+        b"\0".join(
+            [topic.encode(), str(partition).encode(), kind.encode(), record_key.encode(), raw]
+        )
     ).hexdigest()
     if kind == BATCH:
         if partition is None:
@@ -168,27 +185,43 @@ async def _produce_with_key(
         batches = await _validated(raw, broker.log_config(topic).max_decompressed_bytes)
         if len(batches) != 1 or batches[0].producer_id >= 0:
             raise bad_request("with an Idempotency-Key, send one batch without a producer id")
-        pid = await broker.idempotency_session(key, digest)
-        return await _append_binary(broker, topic, partition, with_producer(raw, pid, 0, 0), acks)
-    now = broker.clock.now_ms()
-    if kind == JSON:
-        parsed = parse_json_body(raw, settings.max_records_per_request, now)
+        payloads = {partition: raw}
+        placement = [(partition, 0)]
+        count = batches[0].record_count
     else:
-        parsed = _counted(parse_ndjson_lines(raw.split(b"\n"), 1, now), settings)
-    pid = await broker.idempotency_session(key, digest)
-    sticky = partition_for_key(key.encode(), broker.topic(topic).partitions)
-    groups, placement = _route(broker, topic, partition, parsed, sticky)
-    max_message_bytes = broker.log_config(topic).max_message_bytes
-    payloads = {
-        p: _one_batch(rs, max_message_bytes, producer_id=pid, producer_epoch=0, base_sequence=0)
-        for p, rs in groups.items()
-    }
-    results = await asyncio.gather(
-        *(broker.append(topic, p, data, acks) for p, data in payloads.items())
+        # Everything a client can get wrong is checked before the key is claimed.
+        now = broker.clock.now_ms()
+        if kind == JSON:
+            parsed = parse_json_body(raw, settings.max_records_per_request, now)
+        elif kind == NDJSON:
+            parsed = _counted(parse_ndjson_lines(raw.split(b"\n"), 1, now), settings)
+        else:
+            parsed = [(None, octets_record(raw, headers, now))]
+        sticky = partition_for_key(key.encode(), broker.topic(topic).partitions)
+        groups, placement = _route(broker, topic, partition, parsed, sticky)
+        max_message_bytes = broker.log_config(topic).max_message_bytes
+        payloads = {
+            p: _one_batch(
+                rs, max_message_bytes, producer_id=-1, producer_epoch=-1, base_sequence=-1
+            )
+            for p, rs in groups.items()
+        }
+        count = len(parsed)
+    pid, new = await broker.idempotency_session(key, digest)
+    stamped = {p: with_producer(data, pid, 0, 0) for p, data in payloads.items()}
+    outcomes = await asyncio.gather(
+        *(broker.append(topic, p, data, acks) for p, data in stamped.items()),
+        return_exceptions=True,
     )
-    base = {p: r.base_offset for p, r in zip(payloads, results, strict=True)}
+    results = [r for r in outcomes if isinstance(r, AppendResult)]
+    failed = [e for e in outcomes if isinstance(e, BaseException)]
+    if failed:
+        if new and not results and not any(_retriable(e) for e in failed):
+            await broker.release_idempotency_key(key, digest)  # rejected: nothing changed
+        raise failed[0]
+    base = {p: r.base_offset for p, r in zip(stamped, results, strict=True)}
     offsets = [{"partition": p, "offset": base[p] + j} for p, j in placement]
-    reply = _produce_reply(acks, offsets, len(parsed), sum(map(len, payloads.values())))
+    reply = _produce_reply(acks, offsets, count, sum(map(len, stamped.values())))
     return _mark_duplicate(reply, results)
 
 
@@ -200,6 +233,11 @@ async def _validated(raw: bytes, max_decompressed_bytes: int) -> list[BatchHeade
             split_batches, raw, strict=True, max_decompressed_bytes=max_decompressed_bytes
         )
     return split_batches(raw, strict=True, max_decompressed_bytes=max_decompressed_bytes)
+
+
+def _retriable(e: BaseException) -> bool:
+    """Whether the append may have failed after writing (so the key must stay claimed)."""
+    return not isinstance(e, LogbusError) or e.retriable
 
 
 def _mark_duplicate(reply: Reply, results: list[AppendResult]) -> Reply:
@@ -253,7 +291,7 @@ def producer_session(headers: Mapping[str, str]) -> ProducerSession | None:
         return None
     values = []
     for (name, low, high), v in zip(_PRODUCER_HEADERS, raw, strict=True):
-        if v is None or not v.isdigit() or not low <= int(v) <= high:
+        if v is None or not is_uint(v) or not low <= int(v) <= high:
             raise bad_request(
                 f"{name} must be an integer in [{low}, {high}]; an idempotent request carries "
                 "Logbus-Producer-Id, Logbus-Producer-Epoch and Logbus-Sequence together"
@@ -429,22 +467,28 @@ async def _parse_ndjson(
     body: Body, settings: Settings, now: int
 ) -> list[tuple[int | None, Record]]:
     """Parse NDJSON as it streams in: each chunk's complete lines are decoded at once, so the
-    raw body is never held whole next to its parsed form."""
+    raw body is never held whole next to its parsed form. A line spread over many chunks is
+    joined once, when it ends (joining at every chunk made one 60 MiB line cost 7 s)."""
     out: list[tuple[int | None, Record]] = []
-    pending = b""
+    pending: list[bytes] = []  # the start of a line not yet ended, in chunks
     size = 0
     line_no = 1
     async for chunk in body:
         size += len(chunk)
         if size > settings.max_request_bytes:
             raise payload_too_large(settings.max_request_bytes)
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
+        end = chunk.rfind(b"\n")
+        if end < 0:  # no line ends here: keep the chunk, do not copy what came before
+            pending.append(chunk)
+            continue
+        pending.append(chunk[:end])
+        lines = b"".join(pending).split(b"\n")
+        pending = [chunk[end + 1 :]]
         out.extend(parse_ndjson_lines(lines, line_no, now))
         line_no += len(lines)
         if len(out) > settings.max_records_per_request:
             raise too_many_records(settings.max_records_per_request)
-    out.extend(parse_ndjson_lines([pending], line_no, now))
+    out.extend(parse_ndjson_lines([b"".join(pending)], line_no, now))
     return _counted(out, settings)
 
 
@@ -457,25 +501,42 @@ def int_param(query: Mapping[str, str], name: str, default: int | None, low: int
         if default is None:
             raise bad_request(f"query parameter {name!r} is required")
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise bad_request(f"{name} must be an integer") from None
-    if not low <= value <= high:
-        raise bad_request(f"{name} must be between {low} and {high}")
-    return value
+    return parse_uint(raw, name, low, high)
+
+
+def media_range(part: str) -> tuple[str, float]:
+    """One Accept element → (media type, q). A ``q`` that is not a number in [0, 1] is 400."""
+    kind, *params = part.split(";")
+    q = 1.0
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            if not _QVALUE.fullmatch(value.strip()):
+                raise bad_request(f"Accept: q must be a number in [0, 1], got {value.strip()!r}")
+            q = float(value)
+    return kind.strip().lower(), q
+
+
+_QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")  # RFC 9110 §12.4.2
 
 
 def negotiate(accept: str | None, offered: list[str] = FETCH_TYPES) -> str:
-    """The first of ``offered`` the Accept header names (JSON for none or a wildcard)."""
+    """The type of ``offered`` the Accept header prefers (highest q, then first listed); a
+    wildcard means the first offered type not refused (``q=0``); JSON for no header."""
     if not accept:
-        return JSON
-    for part in accept.split(","):
-        kind = media_type(part)
+        return offered[0]
+    ranges = [media_range(part) for part in accept.split(",") if part.strip()]
+    refused = {kind for kind, q in ranges if q == 0}
+    for kind, q in sorted(ranges, key=lambda r: -r[1]):  # stable: ties keep their order
+        if q == 0:
+            break
         if kind in offered:
             return kind
         if kind in ("*/*", "application/*"):
-            return JSON
+            prefix = "" if kind == "*/*" else kind[:-1]
+            usable = [o for o in offered if o not in refused and o.startswith(prefix)]
+            if usable:
+                return usable[0]
     raise LogbusError(
         f"cannot answer in {accept!r}; acceptable: {', '.join(offered)}",
         code=ErrorCode.NOT_ACCEPTABLE,

@@ -116,12 +116,37 @@ def _invalid(e: msgspec.MsgspecError, what: str) -> LogbusError:
     return bad_request(f"{kind} {what}: {e}")
 
 
+def check_utf8(text: bytes, what: str) -> None:
+    """400 unless ``text`` is UTF-8. msgspec keeps values as raw JSON text (``msgspec.Raw``)
+    without checking their strings, so ``"\xff"`` would be stored and served as a value that
+    is not JSON; ``isascii`` makes the common case a scan at memory speed."""
+    if text.isascii():
+        return
+    try:
+        text.decode()
+    except UnicodeDecodeError as e:
+        raise bad_request(f"{what} is not UTF-8 (byte {e.start})") from None
+
+
+def _decode_failed(e: Exception, what: str) -> LogbusError:
+    if isinstance(e, RecursionError):
+        return bad_request(f"{what}: JSON nested too deeply")
+    if isinstance(e, UnicodeDecodeError):
+        return bad_request(f"{what}: not UTF-8")
+    assert isinstance(e, msgspec.MsgspecError)
+    return _invalid(e, what)
+
+
+_DECODE_ERRORS = (msgspec.MsgspecError, RecursionError, UnicodeDecodeError)
+
+
 def parse_json_body(body: bytes, max_records: int, now_ms: int) -> list[tuple[int | None, Record]]:
     """A ``{"records": [...]}`` body → (explicit partition or None, record) in request order."""
+    check_utf8(body, "the body")
     try:
         records = _BODY.decode(body).records
-    except msgspec.MsgspecError as e:
-        raise _invalid(e, 'body (it must be {"records": [...]})') from None
+    except _DECODE_ERRORS as e:
+        raise _decode_failed(e, 'body (it must be {"records": [...]})') from None
     if not records:
         raise bad_request("no records in the request")
     if len(records) > max_records:
@@ -136,14 +161,17 @@ def parse_ndjson_lines(
     numbered = [(first_line_no + i, line) for i, line in enumerate(lines) if line.strip()]
     if not numbered:
         return []
+    joined = b"\n".join(line for _, line in numbered)
     try:
-        decoded = _LINES.decode_lines(b"\n".join(line for _, line in numbered))
-    except msgspec.MsgspecError:
+        check_utf8(joined, "the body")
+        decoded = _LINES.decode_lines(joined)
+    except (*_DECODE_ERRORS, LogbusError):
         for line_no, line in numbered:  # the error path only: find the first bad line
             try:
+                check_utf8(line, f"line {line_no}")
                 _LINES.decode(line)
-            except msgspec.MsgspecError as e:
-                raise _invalid(e, f"record on line {line_no}") from None
+            except _DECODE_ERRORS as e:
+                raise _decode_failed(e, f"record on line {line_no}") from None
         raise  # every line decodes alone: a bug, not bad input
     return [
         to_record(r, now_ms, "line %d", line_no)

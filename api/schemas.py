@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from pydantic.config import JsonDict
 
 ConfigValue = str | int | float | bool
@@ -41,8 +41,8 @@ class TopicCreate(BaseModel):
         },
     )
     name: str = Field(description="1..249 of [a-zA-Z0-9._-], not '.' or '..'")
-    partitions: int = Field(1, ge=1, le=10_000)
-    replication_factor: int = Field(1, ge=1, le=16)
+    partitions: StrictInt = Field(1, ge=1, le=10_000)
+    replication_factor: StrictInt = Field(1, ge=1, le=16)
     configs: dict[str, ConfigValue] = Field(default_factory=dict, max_length=100)
 
 
@@ -118,7 +118,7 @@ class ConfigsPatch(BaseModel):
 
 class PartitionsIncrease(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"count": 6}]})
-    count: int = Field(ge=1, le=10_000, description="the new total number of partitions")
+    count: StrictInt = Field(ge=1, le=10_000, description="the new total number of partitions")
 
 
 class ProducerInit(BaseModel):

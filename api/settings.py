@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# A list setting from the environment: comma-separated (or a JSON array).
+NameList = Annotated[list[str], NoDecode]
 
 
 class Settings(BaseSettings):
@@ -19,6 +24,11 @@ class Settings(BaseSettings):
     rack: str | None = None
     metadata_url: str | None = None  # default: sqlite:///{data_dir}/metadata.db
     insecure: bool = False  # allow a non-loopback bind without authentication
+    # Browsers (api/guard.py, docs/security.md): Host names besides the bound ones (loopback
+    # names for a loopback bind; "*" = any), and origins of web pages allowed to call the
+    # broker cross-origin, with CORS (none: same-origin only; "*" = any page).
+    allowed_hosts: NameList = []
+    allowed_origins: NameList = []
 
     # Limits (every body, list and wait has one).
     max_request_bytes: int = 64 * 1024 * 1024
@@ -61,6 +71,16 @@ class Settings(BaseSettings):
         if self.max_inflight_response_bytes < self.max_fetch_bytes:
             raise ValueError("max_inflight_response_bytes must be >= max_fetch_bytes")
         return self
+
+    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
 
     @property
     def is_loopback(self) -> bool:

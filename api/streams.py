@@ -33,7 +33,8 @@ from core_log.batch import Record
 from core_log.errors import LogbusError, OffsetOutOfRangeError
 
 from .budgets import ByteBudget
-from .problems import bad_request, problem_body
+from .params import OFFSET_MAX, parse_uint
+from .problems import problem_body
 from .records import (
     JSON,
     NDJSON,
@@ -41,7 +42,7 @@ from .records import (
     check_isolation,
     decode_from,
     int_param,
-    media_type,
+    media_range,
     next_offset_after,
 )
 from .records_codec import record_to_json
@@ -182,7 +183,14 @@ async def member_poll(
 
 
 def wants_sse(accept: str | None) -> bool:
-    return bool(accept) and any(media_type(part) == SSE for part in (accept or "").split(","))
+    """Whether Accept asks for an event stream (named, with q above 0)."""
+    if not accept or SSE not in accept.lower():
+        return False
+    try:
+        ranges = [media_range(part) for part in accept.split(",")]
+    except LogbusError:
+        return False  # a malformed Accept: the fetch answers 400 for it
+    return any(kind == SSE and q > 0 for kind, q in ranges)
 
 
 async def prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -195,9 +203,7 @@ def resume_offset(query: Mapping[str, str], headers: Mapping[str, str]) -> int:
     """``Last-Event-ID`` (the next offset, sent back by EventSource) wins over ``offset``."""
     last = headers.get("last-event-id")
     if last:
-        if not last.isdigit() or len(last) > 19:
-            raise bad_request("Last-Event-ID must be an offset (a non-negative integer)")
-        return int(last)
+        return parse_uint(last, "Last-Event-ID", 0, OFFSET_MAX)
     return int_param(query, "offset", None, 0, 2**63 - 1)
 
 

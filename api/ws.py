@@ -196,6 +196,9 @@ class Session:
             raise Close(code, e.message) from None
         except LogbusError as e:
             raise Close(proto.CLOSE_BAD_SUBSCRIPTION, e.message) from None
+        if again := sorted(wanted.keys() & self.positions.keys()):
+            topic, partition = again[0]
+            raise Close(proto.CLOSE_BAD_SUBSCRIPTION, f"subscribed to {topic}[{partition}] already")
         if not wanted or len(self.positions) + len(wanted) > proto.MAX_SUBSCRIPTIONS:
             raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "subscribe to 1..10000 partitions")
         self.positions.update(wanted)

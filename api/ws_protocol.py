@@ -145,13 +145,17 @@ def parse(raw: str | bytes) -> Message:
         raise ValueError(f"invalid message: {e}") from None
     except msgspec.DecodeError as e:
         raise ValueError(f"not JSON: {e}") from None
+    except RecursionError:
+        raise ValueError("not a message: JSON nested too deeply") from None
+    except UnicodeDecodeError:
+        raise ValueError("not JSON: a message is UTF-8 text") from None
 
 
 def message_id(raw: str | bytes) -> int | str | None:
     """The ``id`` of a message that failed to parse, if it has a readable one."""
     try:
         doc = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return None
     value = doc.get("id") if isinstance(doc, dict) else None
     return value if isinstance(value, int | str) else None

@@ -76,7 +76,8 @@ async def _send_all(
                 break
             extra = "".join(f"{k}: {v}\r\n" for k, v in req.headers.items())
             head = (
-                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Content-Type: {content_type}\r\n"
                 f"Accept: application/json\r\nContent-Length: {len(req.body)}\r\n{extra}\r\n"
             ).encode()
             writer.write(head)

@@ -291,10 +291,10 @@ class Broker:
             self._producer_epochs[pid] = epoch
         return pid, epoch
 
-    async def idempotency_session(self, key: str, digest: str) -> int:
-        """The producer id that stands for ``key`` (see api.records); 422 if the key was used
-        with another request."""
-        pid, stored = await asyncio.to_thread(
+    async def idempotency_session(self, key: str, digest: str) -> tuple[int, bool]:
+        """The producer id that stands for ``key`` (see api.records) and whether this call
+        claimed the key; 422 if the key was used with another request."""
+        pid, stored, new = await asyncio.to_thread(
             self.store.claim_idempotency_key,
             key,
             digest,
@@ -306,7 +306,11 @@ class Broker:
                 "this Idempotency-Key was used with a different request",
                 code=ErrorCode.IDEMPOTENCY_KEY_REUSED,
             )
-        return pid
+        return pid, new
+
+    async def release_idempotency_key(self, key: str, digest: str) -> None:
+        """Undo :meth:`idempotency_session` for a request that appended nothing."""
+        await asyncio.to_thread(self.store.release_idempotency_key, key, digest)
 
     # -- records ---------------------------------------------------------------------------------
 

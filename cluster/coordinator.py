@@ -328,6 +328,13 @@ class Coordinator:
 
     # -- offsets ---------------------------------------------------------------------------------
 
+    def require_known(self, group_id: str) -> None:
+        """404 GROUP_ID_NOT_FOUND unless the group has members or committed offsets (a deleted
+        or expired group has neither)."""
+        validate_group_id(group_id)
+        if group_id not in self.groups and group_id not in self._offsets:
+            raise LogbusError(f"no group {group_id!r}", code=ErrorCode.GROUP_ID_NOT_FOUND)
+
     def committed(self, group_id: str) -> dict[TopicPartition, CommittedOffset]:
         validate_group_id(group_id)
         return dict(self._offsets.get(group_id, {}))

@@ -315,10 +315,10 @@ class MetadataStore:
     @_storage_errors
     def claim_idempotency_key(
         self, key: str, digest: str, now_ms: int, window_ms: int
-    ) -> tuple[int, str]:
-        """(producer id, digest) recorded for ``key``: a fresh id and ``digest`` for a new key
-        (committed before the caller appends anything), the stored pair for a known one.
-        Keys older than the window are forgotten first."""
+    ) -> tuple[int, str, bool]:
+        """(producer id, digest, new) recorded for ``key``: a fresh id and ``digest`` for a new
+        key (committed before the caller appends anything; new = True), the stored pair for a
+        known one. Keys older than the window are forgotten first."""
         with self.engine.begin() as c:
             c.execute(
                 idempotency_keys_table.delete().where(
@@ -329,14 +329,25 @@ class MetadataStore:
                 sa.select(idempotency_keys_table).where(idempotency_keys_table.c.key == key)
             ).first()
             if row is not None:
-                return int(row.producer_id), str(row.digest)
+                return int(row.producer_id), str(row.digest), False
             pid = self._next_producer_id(c)
             c.execute(
                 idempotency_keys_table.insert().values(
                     key=key, digest=digest, producer_id=pid, created_ms=now_ms
                 )
             )
-            return pid, digest
+            return pid, digest, True
+
+    def release_idempotency_key(self, key: str, digest: str) -> None:
+        """Forget ``key`` if it still stands for ``digest``: its request was rejected before
+        anything was appended, so a corrected retry may claim it afresh."""
+        with self.engine.begin() as c:
+            c.execute(
+                idempotency_keys_table.delete().where(
+                    (idempotency_keys_table.c.key == key)
+                    & (idempotency_keys_table.c.digest == digest)
+                )
+            )
 
     @_storage_errors
     def producer_epochs(self) -> dict[int, int]:

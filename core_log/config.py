@@ -11,6 +11,7 @@ replication for durability; a single broker cannot, so Logbus flushes at least e
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,9 +22,13 @@ from .limits import (
     MAX_DECOMPRESSED_BATCH_RATIO,
     MAX_PRODUCED_DECOMPRESSED_BYTES,
     MAX_SEGMENT_BYTES,
+    MIN_MESSAGE_BYTES,
 )
 
 LONG_MAX = 2**63 - 1
+# An integer config given as text: plain digits, "-1" allowed (Kafka's "unlimited"); not "+1",
+# "01", "1_0" or " 1", which int() would take.
+_INT_TEXT = re.compile(r"-?(0|[1-9][0-9]{0,18})")
 COMPRESSION_TYPES = ("producer", "uncompressed", "none", "gzip", "snappy", "lz4", "zstd")
 CLEANUP_POLICIES = ("delete", "compact", "compact,delete")
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
@@ -48,7 +53,14 @@ _KEYS = (
     _Key("flush.ms", "flush_ms", int, 1000, 0, LONG_MAX),
     _Key("index.interval.bytes", "index_interval_bytes", int, 4096, 0, 2**31 - 1),
     _Key("max.compaction.lag.ms", "max_compaction_lag_ms", int, LONG_MAX, 1, LONG_MAX),
-    _Key("max.message.bytes", "max_message_bytes", int, 1_048_588, 0, MAX_BATCH_BYTES),
+    _Key(
+        "max.message.bytes",
+        "max_message_bytes",
+        int,
+        1_048_588,
+        MIN_MESSAGE_BYTES,
+        MAX_BATCH_BYTES,
+    ),
     _Key("message.timestamp.type", "timestamp_type", str, "CreateTime", choices=TIMESTAMP_TYPES),
     _Key("min.cleanable.dirty.ratio", "min_cleanable_dirty_ratio", float, 0.5, 0.0, 1.0),
     _Key("min.compaction.lag.ms", "min_compaction_lag_ms", int, 0, 0, LONG_MAX),
@@ -141,6 +153,8 @@ def _parse(key: _Key, raw: Any) -> Any:
         raise InvalidConfigError(f"{bad}: one of {', '.join(key.choices)}", config=key.name)
     if isinstance(raw, bool):
         raise InvalidConfigError(bad, config=key.name)
+    if key.kind is int and isinstance(raw, str) and not _INT_TEXT.fullmatch(raw):
+        raise InvalidConfigError(f"{bad}: an integer in plain digits", config=key.name)
     try:
         value = key.kind(raw)
     except (TypeError, ValueError, OverflowError):

@@ -84,6 +84,7 @@ class ErrorCode(enum.Enum):
     NOT_ACCEPTABLE = (-1007, False, 406)
     IDEMPOTENCY_KEY_REUSED = (-1008, False, 422)
     BROKER_BUSY = (-1020, True, 503)  # a global budget (connections, bytes in flight) is full
+    ORIGIN_NOT_ALLOWED = (-1021, False, 403)  # a browser page of another origin
 
     def __init__(self, kafka_code: int, retriable: bool, http_status: int) -> None:
         self.kafka_code = kafka_code

@@ -7,6 +7,9 @@ before allocating, so a corrupt or hostile length can never make us allocate gig
 # A batch on disk or on the wire: Kafka's default message.max.bytes is ~1 MiB; we allow topics
 # to raise it, but never past this, so a length field read from a torn file is bounded.
 MAX_BATCH_BYTES = 64 * 1024 * 1024
+# The smallest max.message.bytes a topic may have: a batch header (61 bytes) and one record with
+# a small key and value. Kafka allows 0, which makes every produce to the topic fail.
+MIN_MESSAGE_BYTES = 128
 
 # Records in one batch: bounds the work of decoding one batch (Kafka has no explicit cap;
 # 1 MiB of 1-byte records is ~140k records).

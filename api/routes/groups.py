@@ -27,6 +27,7 @@ from ..group_schemas import (
     OffsetCommit,
     OffsetReset,
 )
+from ..params import OFFSET_MAX, Digits
 from ..problems import bad_request
 from ..records import JSON, NDJSON, check_isolation, negotiate
 from ..state import CoordinatorDep, StateDep
@@ -111,9 +112,11 @@ async def poll(
     member: str,
     request: Request,
     state: StateDep,
-    max_bytes: Annotated[int | None, Query(ge=1)] = None,
-    max_records: Annotated[int | None, Query(ge=1)] = None,
-    wait_ms: Annotated[int | None, Query(ge=0, description="long-poll up to this long")] = None,
+    max_bytes: Annotated[int | None, Query(ge=1, le=OFFSET_MAX), Digits] = None,
+    max_records: Annotated[int | None, Query(ge=1, le=OFFSET_MAX), Digits] = None,
+    wait_ms: Annotated[
+        int | None, Query(ge=0, le=OFFSET_MAX, description="long-poll up to this long"), Digits
+    ] = None,
     isolation: Annotated[str | None, ISOLATION_QUERY] = None,
     accept: Annotated[str | None, Header()] = None,
 ) -> Response:
@@ -178,8 +181,13 @@ def _offsets(
     )
 
 
-@router.get("/{group}/offsets", summary="The group's committed offsets", responses=errors(400))
+@router.get(
+    "/{group}/offsets",
+    summary="The group's committed offsets (404 for a group with neither members nor offsets)",
+    responses=errors(400, 404),
+)
 async def get_offsets(group: str, coordinator: CoordinatorDep) -> GroupOffsets:
+    coordinator.require_known(group)
     return _offsets(coordinator, group)
 
 

@@ -16,6 +16,7 @@ from fastapi.responses import StreamingResponse
 from core_log.errors import LogbusError
 
 from .. import records, streams
+from ..params import OFFSET_MAX, Digits, PartitionPath
 from ..schemas import FetchResponse, ProduceResponse
 from ..state import AppState, StateDep
 from .common import ISOLATION_QUERY, errors
@@ -168,7 +169,7 @@ async def produce_records(
 )
 async def produce_partition_records(
     topic: str,
-    partition: int,
+    partition: PartitionPath,
     request: Request,
     state: StateDep,
     acks: Acks = None,
@@ -217,20 +218,34 @@ async def _produce(
 )
 async def fetch_records(
     topic: str,
-    partition: int,
+    partition: PartitionPath,
     request: Request,
     state: StateDep,
     offset: Annotated[
         int | None,
-        Query(ge=0, description="first offset to return (SSE: or the Last-Event-ID header)"),
+        Query(
+            ge=0,
+            le=OFFSET_MAX,
+            description="first offset to return (SSE: or the Last-Event-ID header)",
+        ),
+        Digits,
     ] = None,
     max_bytes: Annotated[
         int | None,
-        Query(ge=1, description="bytes of records to answer (rendered; at least one record)"),
+        Query(
+            ge=1,
+            le=OFFSET_MAX,
+            description="bytes of records to answer (rendered; at least one record)",
+        ),
+        Digits,
     ] = None,
-    max_records: Annotated[int | None, Query(ge=1)] = None,
-    min_bytes: Annotated[int | None, Query(ge=0, description="wait until this much")] = None,
-    wait_ms: Annotated[int | None, Query(ge=0, description="long-poll up to this long")] = None,
+    max_records: Annotated[int | None, Query(ge=1, le=OFFSET_MAX), Digits] = None,
+    min_bytes: Annotated[
+        int | None, Query(ge=0, le=OFFSET_MAX, description="wait until this much"), Digits
+    ] = None,
+    wait_ms: Annotated[
+        int | None, Query(ge=0, le=OFFSET_MAX, description="long-poll up to this long"), Digits
+    ] = None,
     isolation: Annotated[str | None, ISOLATION_QUERY] = None,
 ) -> Response:
     accept = request.headers.get("accept")

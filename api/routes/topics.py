@@ -10,7 +10,7 @@ from cluster.broker import INTERNAL_TOPICS, Broker
 from cluster.metadata import TopicMeta
 from core_log.config import LogConfig
 
-from ..problems import bad_request
+from ..params import UINT_PATTERN, PartitionPath
 from ..schemas import (
     ConfigsPatch,
     ConfigsPublic,
@@ -26,6 +26,8 @@ from ..state import BrokerDep, StateDep
 from .common import errors
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"])
+
+AT_PATTERN = "^(earliest|latest|" + UINT_PATTERN[2:-2] + ")$"
 
 
 def _public(t: TopicMeta) -> TopicPublic:
@@ -141,9 +143,16 @@ async def list_partitions(topic: str, broker: BrokerDep) -> list[PartitionPublic
 )
 async def get_offset(
     topic: str,
-    partition: int,
+    partition: PartitionPath,
     broker: BrokerDep,
-    at: Annotated[str, Query(examples=["earliest", "latest", "1700000000000"])] = "latest",
+    at: Annotated[
+        str,
+        Query(
+            pattern=AT_PATTERN,
+            examples=["earliest", "latest", "1700000000000"],
+            description="earliest, latest, or a timestamp in ms",
+        ),
+    ] = "latest",
 ) -> OffsetPublic:
     p = broker.partition(topic, partition)
     offset: int | None
@@ -152,10 +161,7 @@ async def get_offset(
     elif at == "latest":
         offset = p.high_watermark
     else:
-        try:
-            ts = int(at)
-        except ValueError:
-            raise bad_request("at must be earliest, latest or a timestamp in ms") from None
+        ts = int(at)  # AT_PATTERN admits plain digits only
         found = await p.offset_for_timestamp(ts)
         offset = found if found is not None and found < p.high_watermark else None
     return OffsetPublic(topic=topic, partition=partition, at=at, offset=offset)

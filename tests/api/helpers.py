@@ -15,6 +15,7 @@ from kafka.record.memory_records import MemoryRecords
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
 BATCH = "application/vnd.logbus.batch"
+OCTETS = "application/octet-stream"
 PROBLEM = "application/problem+json"
 
 _counter = itertools.count()

@@ -176,7 +176,8 @@ def test_unknown_group_and_member(http: httpx.Client) -> None:
     group = unique("g")
     assert_problem(http.get(f"/v1/groups/{group}"), 404, "GROUP_ID_NOT_FOUND")
     assert_problem(http.delete(f"/v1/groups/{group}"), 404, "GROUP_ID_NOT_FOUND")
-    assert http.get(f"/v1/groups/{group}/offsets").json() == {"group": group, "offsets": []}
+    # a group nobody joined or committed for does not exist (nor does a deleted one)
+    assert_problem(http.get(f"/v1/groups/{group}/offsets"), 404, "GROUP_ID_NOT_FOUND")
     assert group not in {g["group"] for g in http.get("/v1/groups").json()["groups"]}
 
     me = join(http, group, [topic])["member_id"]
@@ -245,7 +246,7 @@ def test_commit_member_and_generation_go_together(http: httpx.Client) -> None:
         assert_problem(r, 400, "INVALID_REQUEST")
     r = http.post(f"/v1/groups/{group}/offsets", json={"offsets": one, "surprise": 1})
     assert_problem(r, 400, "INVALID_REQUEST")
-    assert http.get(f"/v1/groups/{group}/offsets").json()["offsets"] == []
+    assert_problem(http.get(f"/v1/groups/{group}/offsets"), 404, "GROUP_ID_NOT_FOUND")
 
 
 def test_commit_unknown_topic_or_partition(http: httpx.Client) -> None:
@@ -257,7 +258,7 @@ def test_commit_unknown_topic_or_partition(http: httpx.Client) -> None:
     assert_problem(
         commit(http, group, None, None, {(unique("nope"), 0): 0}), 404, "UNKNOWN_TOPIC_OR_PARTITION"
     )
-    assert http.get(f"/v1/groups/{group}/offsets").json()["offsets"] == []
+    assert_problem(http.get(f"/v1/groups/{group}/offsets"), 404, "GROUP_ID_NOT_FOUND")
 
 
 # -- commits -------------------------------------------------------------------------------------
@@ -784,7 +785,7 @@ def test_delete_group_only_when_empty(http: httpx.Client) -> None:
     assert http.delete(f"/v1/groups/{group}").status_code == 204
     assert_problem(http.get(f"/v1/groups/{group}"), 404, "GROUP_ID_NOT_FOUND")
     assert_problem(http.delete(f"/v1/groups/{group}"), 404, "GROUP_ID_NOT_FOUND")
-    assert http.get(f"/v1/groups/{group}/offsets").json()["offsets"] == []
+    assert_problem(http.get(f"/v1/groups/{group}/offsets"), 404, "GROUP_ID_NOT_FOUND")
     assert group not in {g["group"] for g in http.get("/v1/groups").json()["groups"]}
     # The name is free again: a new member starts from auto_offset_reset, not the old offset.
     me = join(http, group, [topic], auto_offset_reset="earliest")
@@ -825,7 +826,7 @@ def test_offsets_survive_restart_and_crash(tmp_path: Path) -> None:
         broker.restart()
         with make_client(broker) as c:
             assert c.get(f"/v1/groups/{group}/offsets").json() == before
-            assert c.get(f"/v1/groups/{gone}/offsets").json()["offsets"] == []
+            assert_problem(c.get(f"/v1/groups/{gone}/offsets"), 404, "GROUP_ID_NOT_FOUND")
             listed = {g["group"] for g in c.get("/v1/groups").json()["groups"]}
             assert group in listed and gone not in listed
             d = describe(c, group)
@@ -905,12 +906,12 @@ def test_offsets_of_an_empty_group_expire(tmp_path: Path) -> None:
             )
             deadline = time.time() + 10
             while time.time() < deadline:
-                if c.get(f"/v1/groups/{idle}/offsets").json()["offsets"] == []:
+                if c.get(f"/v1/groups/{idle}/offsets").status_code == 404:
                     break
                 time.sleep(0.1)
             expired_after = time.time()
             print(f"expired {expired_after - committed_at:.2f} s after the commit")
-            assert c.get(f"/v1/groups/{idle}/offsets").json()["offsets"] == []
+            assert_problem(c.get(f"/v1/groups/{idle}/offsets"), 404, "GROUP_ID_NOT_FOUND")
             listed = {g["group"] for g in c.get("/v1/groups").json()["groups"]}
             assert idle not in listed and busy in listed
             # A group with a member keeps its offsets however old they are.
@@ -919,7 +920,7 @@ def test_offsets_of_an_empty_group_expire(tmp_path: Path) -> None:
             assert c.delete(f"/v1/groups/{busy}/members/{me['member_id']}").status_code == 204
         broker.restart()  # the expiry was written (tombstones): it survives a restart
         with make_client(broker) as c:
-            assert c.get(f"/v1/groups/{idle}/offsets").json()["offsets"] == []
+            assert_problem(c.get(f"/v1/groups/{idle}/offsets"), 404, "GROUP_ID_NOT_FOUND")
     finally:
         broker.stop()
 

@@ -117,12 +117,12 @@ def test_retry_after_a_lost_response(http: httpx.Client, shared_broker: object) 
     topic = create_topic(http, "idemlost", partitions=1)
     pid, epoch = session(http)
     body = b'{"records":[{"value":"once"}]}'
+    url = httpx.URL(str(http.base_url))
     head = (
-        f"POST /v1/topics/{topic}/partitions/0/records HTTP/1.1\r\nHost: x\r\n"
+        f"POST /v1/topics/{topic}/partitions/0/records HTTP/1.1\r\nHost: {url.netloc.decode()}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         f"Logbus-Producer-Id: {pid}\r\nLogbus-Producer-Epoch: {epoch}\r\nLogbus-Sequence: 0\r\n\r\n"
     ).encode()
-    url = httpx.URL(str(http.base_url))
     with socket.create_connection((url.host, url.port), timeout=10) as s:
         s.sendall(head + body)
         s.recv(1)  # the broker has answered: the append happened; drop the rest of the answer

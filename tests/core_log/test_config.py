@@ -19,7 +19,7 @@ from core_log.config import (
     LogConfig,
 )
 from core_log.errors import ErrorCode, InvalidConfigError
-from core_log.limits import MAX_BATCH_BYTES, MAX_SEGMENT_BYTES
+from core_log.limits import MAX_BATCH_BYTES, MAX_SEGMENT_BYTES, MIN_MESSAGE_BYTES
 
 SETTINGS = settings(
     derandomize=True,
@@ -37,7 +37,7 @@ INT_KEYS: dict[str, tuple[str, int, int, int]] = {
     "flush.ms": ("flush_ms", 1000, 0, LONG_MAX),
     "index.interval.bytes": ("index_interval_bytes", 4096, 0, 2**31 - 1),
     "max.compaction.lag.ms": ("max_compaction_lag_ms", LONG_MAX, 1, LONG_MAX),
-    "max.message.bytes": ("max_message_bytes", 1_048_588, 0, MAX_BATCH_BYTES),
+    "max.message.bytes": ("max_message_bytes", 1_048_588, MIN_MESSAGE_BYTES, MAX_BATCH_BYTES),
     "min.compaction.lag.ms": ("min_compaction_lag_ms", 0, 0, LONG_MAX),
     "min.insync.replicas": ("min_insync_replicas", 1, 1, 2**31 - 1),
     "retention.bytes": ("retention_bytes", -1, -1, LONG_MAX),
@@ -233,3 +233,17 @@ def test_to_dict_and_overrides_round_trip(values: dict[str, Any], stringify: boo
         attr = KEYS_BY_NAME[k].attr
         assert full[k] == getattr(cfg, attr)
     assert dataclasses.asdict(cfg).keys() == {KEYS_BY_NAME[k].attr for k in ALL_KEYS}
+
+
+@pytest.mark.parametrize(
+    "raw", ["+1024", "01024", "1_024", " 1024", "1024 ", "\u0661\u0660\u0662\u0664"]
+)
+def test_int_keys_given_as_text_are_plain_digits(raw: str) -> None:
+    """int() accepts all of these; Kafka's config parser accepts none."""
+    assert_invalid({"segment.index.bytes": raw}, "segment.index.bytes")
+
+
+def test_max_message_bytes_has_a_usable_minimum() -> None:
+    """0 (Kafka's minimum) made every produce to the topic fail."""
+    assert_invalid({"max.message.bytes": 0}, "max.message.bytes")
+    assert LogConfig.from_dict({"max.message.bytes": MIN_MESSAGE_BYTES}).max_message_bytes == 128
