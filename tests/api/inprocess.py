@@ -24,13 +24,14 @@ async def app_client(
     data_dir: Path, **settings: Any
 ) -> AsyncIterator[tuple[httpx.AsyncClient, AppState]]:
     """(client, app state) of a started app on ``data_dir``; stopped (cleanly) on exit."""
-    fast = create_app(Settings(data_dir=data_dir, **settings))
+    config = Settings(data_dir=data_dir, **settings)
+    fast = create_app(config)
     app = fast.app
     assert isinstance(app, FastAPI)
     async with app.router.lifespan_context(app):
         state: AppState = app.state.logbus
         transport = httpx.ASGITransport(app=fast, raise_app_exceptions=False)
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://127.0.0.1", timeout=30.0
+            transport=transport, base_url=f"http://127.0.0.1:{config.port}", timeout=30.0
         ) as client:
             yield client, state

@@ -150,7 +150,7 @@ def test_idle_connections(broker: BrokerProcess, count: int) -> None:
         for i in range(count):
             s = connect(broker)
             if i % 2:
-                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                s.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n".encode())
             socks.append(s)
         check(
             probe(broker, topic, min(count, 9_000)),
@@ -171,7 +171,7 @@ def test_long_polls(broker: BrokerProcess, count: int) -> None:
         waited = create_topic(c, "waited")
     request = (
         f"GET /v1/topics/{waited}/partitions/0/records?offset=0&wait_ms=60000 HTTP/1.1\r\n"
-        "Host: x\r\n\r\n"
+        f"Host: 127.0.0.1:{broker.port}\r\n\r\n"
     ).encode()
     socks: list[socket.socket] = []
     try:
@@ -235,7 +235,10 @@ def test_consumers_that_never_read(broker: BrokerProcess, clients: int, fetch_by
         rss = 0
         for _ in range(clients):
             s = connect(broker, rcvbuf=4096)
-            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAccept: {BATCH}\r\n\r\n".encode())
+            s.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n"
+                f"Accept: {BATCH}\r\n\r\n".encode()
+            )
             socks.append(s)
             rss = max(rss, rss_bytes(broker))
         ws = ws_open(broker, rcvbuf=4096)
@@ -261,7 +264,7 @@ def test_slow_uploads(broker: BrokerProcess, count: int) -> None:
     with make_client(broker) as c:
         topic = create_topic(c, "probe")
     head = (
-        f"POST /v1/topics/{topic}/records HTTP/1.1\r\nHost: x\r\n"
+        f"POST /v1/topics/{topic}/records HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {8 * MIB}\r\n\r\n"
     ).encode()
     socks: list[socket.socket] = []

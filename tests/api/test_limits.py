@@ -59,13 +59,15 @@ def test_a_connection_that_sends_nothing_is_closed(broker: BrokerProcess) -> Non
 
 def test_half_a_request_head_is_closed(broker: BrokerProcess) -> None:
     with connect(broker) as s:
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        s.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n".encode())
         assert closed_by_peer(s)
 
 
 def test_a_head_trickled_byte_by_byte_is_closed(broker: BrokerProcess) -> None:
     """The head timeout runs from the first byte, not from the last one."""
-    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 200
+    head = (
+        f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\nX-Pad: ".encode() + b"a" * 200
+    )
     started = time.monotonic()
     with connect(broker) as s:
         try:
@@ -83,7 +85,7 @@ def test_an_idle_keep_alive_connection_still_answers_then_is_closed(
 ) -> None:
     with connect(broker) as s:
         for _ in range(2):
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n\r\n".encode())
             status, _, _ = read_answer(s)
             assert status == 200
         assert closed_by_peer(s)  # keep_alive_timeout_ms
@@ -128,7 +130,7 @@ def test_a_body_that_stops_arriving_gets_408(broker: BrokerProcess, http: httpx.
     topic = create_topic(http, "slow-body")
     with connect(broker) as s:
         s.sendall(
-            f"POST /v1/topics/{topic}/records HTTP/1.1\r\nHost: x\r\n"
+            f"POST /v1/topics/{topic}/records HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n"
             "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode()
             + b'{"records": ['
         )
@@ -151,7 +153,7 @@ def test_the_body_budget_is_shared_by_all_requests(tmp_path: Path) -> None:
             sent = MIB - 10
             with connect(b) as s:
                 s.sendall(
-                    f"POST /v1/topics/{topic}/records HTTP/1.1\r\nHost: x\r\n"
+                    f"POST /v1/topics/{topic}/records HTTP/1.1\r\nHost: 127.0.0.1:{b.port}\r\n"
                     f"Content-Type: application/json\r\nContent-Length: {MIB}\r\n\r\n".encode()
                     + b" " * sent
                 )
@@ -204,7 +206,10 @@ def test_clients_that_never_read_pin_a_bounded_amount(
         assert r.status_code == 200, r.text
     path = f"/v1/topics/{topic}/partitions/0/records?offset=0&max_bytes={12 * MIB}"
     with connect(broker, rcvbuf=4096) as stuck:
-        stuck.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAccept: {BATCH}\r\n\r\n".encode())
+        stuck.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n"
+            f"Accept: {BATCH}\r\n\r\n".encode()
+        )
         _wait_for_metric_above(http, "logbus_inflight_response_bytes", 8 * MIB)
         r = http.get(path, headers={"accept": BATCH})
         assert r.status_code == 503
@@ -255,8 +260,8 @@ def test_an_sse_reader_that_never_reads_is_closed(
         assert r.status_code == 200, r.text
     with connect(broker, rcvbuf=4096) as s:
         s.sendall(
-            f"GET /v1/topics/{topic}/partitions/0/records?offset=0 HTTP/1.1\r\nHost: x\r\n"
-            "Accept: text/event-stream\r\n\r\n".encode()
+            f"GET /v1/topics/{topic}/partitions/0/records?offset=0 HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{broker.port}\r\nAccept: text/event-stream\r\n\r\n".encode()
         )
         _wait_for_metric_above(http, "logbus_queued_stream_bytes", 0)
         _wait_for_metric(http, "logbus_queued_stream_bytes", 0)  # not read meanwhile
