@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 * Offsets: ``log_start_offset`` <= ``high_watermark`` <= ``log_end_offset`` (LEO, the next
   offset to assign), and ``recovery_point`` <= LEO is the offset below which everything is
-  fsynced. The caller sets the high watermark (a single broker: LEO once durable per policy; a
-  cluster: min LEO of the ISR). Consumers never read at or past it.
+  fsynced. The caller sets the high watermark (a single broker: :attr:`committable_offset`,
+  the LEO but never past an append that must be fsynced first; a cluster: min LEO of the
+  ISR). Consumers never read at or past it.
 * Append (leader): every batch of a request is validated first (header, CRC, sizes), so a bad
   request changes nothing; then each batch gets its base offset and leader epoch by rewriting
   the first 16 bytes, and the rest of its bytes goes to the active segment untouched. Only a
@@ -27,6 +28,7 @@ Threading: one ``RLock`` guards the state; every public method is safe from any 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -121,6 +123,9 @@ class AppendResult:
     size_bytes: int
     log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
     duplicate: bool = False  # an idempotent retry: these are the original offsets, nothing new
+    # The caller must fsync up to ``last_offset + 1`` before answering (``durable`` asked, or
+    # the topic's ``flush.messages`` reached); the committable offset stays below it till then.
+    sync_required: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +167,7 @@ class PartitionLog:
         self._log_start_offset = 0
         self._high_watermark = 0
         self._recovery_point = 0
+        self._durable_end = 0  # end of the last append that must be fsynced before it is seen
         self._closed = False
         self.recovered_bytes_truncated = 0
         directory.mkdir(parents=True, exist_ok=True)
@@ -198,6 +204,17 @@ class PartitionLog:
         with self._lock:
             return list(self._segments)
 
+    @property
+    def committable_offset(self) -> int:
+        """How far a single broker may move the high watermark: the log end, unless an append
+        that must be fsynced first (``durable``, or ``flush.messages`` reached) is not yet
+        covered by the recovery point — then the recovery point. Never below the high
+        watermark already reached (it does not move backwards)."""
+        with self._lock:
+            leo = self.log_end_offset
+            end = leo if self._recovery_point >= self._durable_end else self._recovery_point
+            return max(self._high_watermark, min(end, leo))
+
     def set_high_watermark(self, offset: int) -> int:
         """Move the high watermark forward to ``offset`` (clamped to the LEO); return it."""
         with self._lock:
@@ -209,7 +226,12 @@ class PartitionLog:
     # -- append ----------------------------------------------------------------------------------
 
     def append(
-        self, data: bytes | memoryview, *, leader_epoch: int = 0, as_follower: bool = False
+        self,
+        data: bytes | memoryview,
+        *,
+        leader_epoch: int = 0,
+        as_follower: bool = False,
+        durable: bool = False,
     ) -> AppendResult:
         """Append one or more whole batches; return the offsets they got.
 
@@ -217,6 +239,9 @@ class PartitionLog:
         ``leader_epoch``; as follower (replication), batches keep the leader's offsets and
         epochs and must start at the LEO. Raises :class:`CorruptRecordError`,
         :class:`InvalidRecordError` or :class:`RecordTooLargeError` before writing anything.
+        With ``durable`` (or once ``flush.messages`` is reached) the result says
+        ``sync_required`` and :attr:`committable_offset` stays below these batches until a
+        flush covers them — decided under the lock, so no concurrent append can expose them.
         """
         view = memoryview(data)
         headers = split_batches(view, strict=not as_follower)
@@ -227,7 +252,9 @@ class PartitionLog:
             if as_follower:
                 self._check_follower_offsets(headers)
             elif (duplicate := self._check_producer(headers, len(view))) is not None:
-                return duplicate
+                # A durable retry of a batch not yet fsynced waits for the fsync too.
+                unsynced = duplicate.last_offset >= self._recovery_point
+                return dataclasses.replace(duplicate, sync_required=durable and unsynced)
             now = self.clock.now_ms()
             append_time = now if self.config.log_append_time and not as_follower else -1
             batches = self._prepared(view, headers, append_time, as_follower)
@@ -241,6 +268,9 @@ class PartitionLog:
                 if self.log_end_offset > start:
                     self.truncate_to(start)
                 raise
+            sync_required = durable or self.unflushed_records >= self.config.flush_messages
+            if sync_required:
+                self._durable_end = max(self._durable_end, offset)
             return AppendResult(
                 base_offset=first,
                 last_offset=offset - 1,
@@ -248,6 +278,7 @@ class PartitionLog:
                 records=sum(h.record_count for h in headers),
                 size_bytes=len(view),
                 log_append_time_ms=append_time,
+                sync_required=sync_required,
             )
 
     def _write_batches(
@@ -519,6 +550,7 @@ class PartitionLog:
             self._high_watermark = min(self._high_watermark, leo)
             self._reload_producers()
             self._recovery_point = min(self._recovery_point, leo)
+            self._durable_end = min(self._durable_end, leo)
             return leo
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -531,6 +563,7 @@ class PartitionLog:
             self._segments[0].create()
             self._segments[0].pin(True)
             self._log_start_offset = self._high_watermark = self._recovery_point = offset
+            self._durable_end = offset
             self.epochs.clear()
             self.epochs.store()
             self.write_checkpoint()

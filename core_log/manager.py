@@ -9,9 +9,11 @@ Theory of operation
 * Group commit: :meth:`Partition.sync` starts one fsync if none is running and otherwise waits
   for the running one; when it ends, every append that landed meanwhile is covered by the next
   single fsync. Eight concurrent durable writers therefore share fsyncs instead of queueing.
-* High watermark: a standalone broker (``auto_high_watermark``) moves it to the end of each
-  append once the append is as durable as the topic's flush policy requires; a replicated
-  partition leaves it to the replication layer (:meth:`Partition.set_high_watermark`).
+* High watermark: a standalone broker (``auto_high_watermark``) moves it to the log end after
+  each append and each fsync, but never past an append that must be fsynced first
+  (``durable``, or ``flush.messages`` reached) until an fsync covers it — so an ``acks=1``
+  append cannot expose an ``acks=all`` one still being fsynced; it never moves backwards. A
+  replicated partition leaves it to the replication layer (:meth:`Partition.set_high_watermark`).
 * Long-polls: :meth:`Partition.wait_for` parks a future per waiter, resolved when the high
   watermark moves; no polling, and the number of waiters per partition is bounded.
 * Storage failures (:mod:`core_log.logdir`): a failed fsync, or a write that cannot be undone,
@@ -124,23 +126,33 @@ class Partition:
         durable: bool = False,
     ) -> AppendResult:
         """Append whole batches; with ``durable`` (or when ``flush.messages`` is reached) wait
-        for an fsync covering them. Advances the high watermark in standalone mode."""
+        for an fsync covering them. Advances the high watermark in standalone mode, never past
+        an append that must be fsynced first (:attr:`PartitionLog.committable_offset`)."""
         self.log_dir.check()
         try:
             if len(data) >= OFF_LOOP_IO_BYTES:
                 result = await asyncio.to_thread(
-                    self.log.append, data, leader_epoch=leader_epoch, as_follower=as_follower
+                    self.log.append,
+                    data,
+                    leader_epoch=leader_epoch,
+                    as_follower=as_follower,
+                    durable=durable,
                 )
             else:
-                result = self.log.append(data, leader_epoch=leader_epoch, as_follower=as_follower)
+                result = self.log.append(
+                    data, leader_epoch=leader_epoch, as_follower=as_follower, durable=durable
+                )
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
-        end = result.last_offset + 1
-        if durable or self.log.unflushed_records >= self.log.config.flush_messages:
-            await self.sync(end)
-        if self.auto_high_watermark:
-            self.set_high_watermark(end)
+        if result.sync_required:
+            await self.sync(result.last_offset + 1)
+        self._advance_high_watermark()
         return result
+
+    def _advance_high_watermark(self) -> None:
+        """Standalone mode: the high watermark follows what the log may commit."""
+        if self.auto_high_watermark:
+            self.set_high_watermark(self.log.committable_offset)
 
     async def sync(self, offset: int) -> None:
         """Return once everything below ``offset`` is fsynced (group commit).
@@ -160,9 +172,11 @@ class Partition:
     async def _flush(self) -> int:
         self.last_flush_ms = self.log.clock.monotonic_ms()
         try:
-            return await asyncio.to_thread(self.log.flush)
+            recovery_point = await asyncio.to_thread(self.log.flush)
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
+        self._advance_high_watermark()  # appends waiting for this fsync become visible
+        return recovery_point
 
     def _storage_failure(self, error: BaseException) -> BaseException:
         """What to raise for ``error`` from the log: a closed (deleted) log's errors pass

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -156,13 +157,13 @@ def test_pending_acks_fail_when_the_directory_goes_offline(tmp_path: Path) -> No
         p0, p1 = await m.create("t", 0), await m.create("t", 1)
         with faulty_files() as files:
             files.datasync_errors = [EIO]
-            files.datasync_match = "t-0"
-            files.gate = gate = __import__("threading").Event()
+            files.datasync_match = "t-"  # one of the two fsyncs fails, the other succeeds
+            files.gate = gate = threading.Event()
             first = asyncio.create_task(p0.append(batch(b"1"), durable=True))
-            await asyncio.to_thread(files.datasyncs_waiting.acquire)  # p0's fsync started
+            await asyncio.to_thread(files.wait_for_datasync)  # p0's fsync started
             second = asyncio.create_task(p0.append(batch(b"2"), durable=True))
             other = asyncio.create_task(p1.append(batch(b"3"), durable=True))
-            await asyncio.to_thread(files.datasyncs_waiting.acquire)  # p1's fsync started
+            await asyncio.to_thread(files.wait_for_datasync)  # p1's fsync started
             poll = asyncio.create_task(p1.wait_for(10, 30))
             await asyncio.sleep(0)
             gate.set()
