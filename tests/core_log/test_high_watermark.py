@@ -9,12 +9,17 @@ a gate in the injected file layer, so the interleaving is deterministic.
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
+import time
 from pathlib import Path
 
-from core_log.config import LogConfig
+import pytest
+
+from core_log import fileio
+from core_log.config import LONG_MAX, LogConfig
 from core_log.manager import Partition
-from tests.core_log.faults import faulty_files
+from tests.core_log.faults import FaultyFiles, faulty_files
 from tests.core_log.test_manager import batch, make_manager, run
 
 
@@ -113,6 +118,72 @@ def test_flush_messages_threshold_batch_waits_for_its_fsync_before_it_is_visible
             gate.set()
             await threshold
         assert hw.now() == 3 == p.log.recovery_point
+        await m.close()
+
+    run(main)
+
+
+class JitteryFsyncs(FaultyFiles):
+    """Segment fsyncs that take a seeded random 0-3 ms, so fsyncs overlap appends."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__()
+        self.rng = rng
+        self.lock = threading.Lock()
+
+    def fdatasync(self, fd: int) -> None:
+        with self.lock:
+            delay = self.rng.random() * 0.003
+        time.sleep(delay)
+        super().fdatasync(fd)
+
+
+@pytest.mark.parametrize("flush_messages", [1, 7, LONG_MAX])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_mix_of_acks_never_exposes_unsynced_durable_records(
+    tmp_path: Path, seed: int, flush_messages: int
+) -> None:
+    """Concurrent appends with random acks against jittery fsyncs: whenever the high watermark
+    is past the start of an append that had to be fsynced, the recovery point is past its end;
+    the high watermark never goes down; every durable answer finds its records visible."""
+    rng = random.Random(seed)
+    print(f"seed={seed} flush.messages={flush_messages}")  # shown when the test fails
+    appends = 150
+
+    async def main() -> None:
+        config = LogConfig(flush_messages=flush_messages)
+        m = make_manager(tmp_path, config_for=lambda _t: config)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        hw = Watch(p)
+        samples: list[tuple[int, int]] = []  # (recovery point read first, then the HW)
+        must_sync: list[tuple[int, int]] = []
+        done = asyncio.Event()
+
+        async def sample() -> None:
+            while not done.is_set():
+                rp = p.log.recovery_point
+                samples.append((rp, hw.now()))
+                await asyncio.sleep(0)
+
+        async def produce(i: int) -> None:
+            await asyncio.sleep(rng.random() * 0.02)
+            durable = rng.random() < 0.3
+            r = await p.append(batch(*[b"r%d" % i] * rng.randint(1, 3)), durable=durable)
+            if durable or r.sync_required:
+                must_sync.append((r.base_offset, r.last_offset + 1))
+                assert p.high_watermark > r.last_offset  # answered: durable and visible
+
+        with fileio.injected(JitteryFsyncs(rng)):
+            sampler = asyncio.create_task(sample())
+            await asyncio.gather(*(produce(i) for i in range(appends)))
+            await p.sync(p.log_end_offset)
+            done.set()
+            await sampler
+        for base, end in must_sync:
+            for rp, seen in samples:
+                assert seen <= base or rp >= end, (base, end, rp, seen)
+        assert hw.now() == p.log_end_offset
         await m.close()
 
     run(main)
