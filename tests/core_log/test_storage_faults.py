@@ -218,3 +218,25 @@ def test_full_disk_on_an_index_write_keeps_the_directory_online(tmp_path: Path) 
         assert os.path.getsize(index) == 16
 
     run(main)
+
+
+def test_io_error_on_an_append_takes_the_directory_offline_even_when_undone(
+    tmp_path: Path,
+) -> None:
+    """EIO says the disk is failing, not full: the append is cut off, but nothing written to
+    that directory before can be trusted either."""
+
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        size = segment_bytes(m, "t", 0)
+        with faulty_files() as files:
+            files.write_errors = [EIO]
+            with pytest.raises(KafkaStorageError) as e:
+                await p.append(batch(b"x"))
+            assert not isinstance(e.value, StorageFullError)
+        assert m.offline and segment_bytes(m, "t", 0) == size
+        await m.close()
+
+    run(main)
