@@ -61,7 +61,7 @@ from .errors import (
 from .handles import HandleCache
 from .limits import MAX_FETCH_BYTES, MAX_SEGMENTS_DELETED_PER_PASS
 from .producer_state import ProducerStateManager
-from .segment import LogSegment
+from .segment import DISK_FULL_ERRNOS, LogSegment
 
 CHECKPOINT_FILE = "log.checkpoint"
 EPOCH_FILE = "leader-epoch-checkpoint"
@@ -403,7 +403,15 @@ class PartitionLog:
         segment.pin(True)
         self._segments.append(segment)
         if len(self.producers):
-            self.producers.snapshot(self.directory, base_offset)  # recovery replays from here
+            try:
+                self.producers.snapshot(self.directory, base_offset)  # recovery replays from here
+            except OSError as e:
+                if e.errno not in DISK_FULL_ERRNOS:
+                    raise
+                # The roll stands (an empty segment); recovery replays from an older snapshot.
+                raise StorageFullError(
+                    f"{self.directory.name}: disk full ({e.strerror}); nothing was appended"
+                ) from e
         return segment
 
     def _new_segment(self, base_offset: int, suffix: str = "") -> LogSegment:

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from core_log.batch import Record, build_batch
 from core_log.config import LogConfig
 from core_log.errors import ErrorCode, KafkaStorageError, StorageFullError
 from core_log.manager import CLEAN_SHUTDOWN_FILE, LogManager
 from tests.core_log.faults import EDQUOT, EIO, ENOSPC, faulty_files
-from tests.core_log.test_manager import batch, make_manager, read_values, run
+from tests.core_log.test_manager import T0, batch, make_manager, read_values, run
 
 
 def segment_bytes(m: LogManager, topic: str, partition: int) -> int:
@@ -237,6 +238,33 @@ def test_io_error_on_an_append_takes_the_directory_offline_even_when_undone(
                 await p.append(batch(b"x"))
             assert not isinstance(e.value, StorageFullError)
         assert m.offline and segment_bytes(m, "t", 0) == size
+        await m.close()
+
+    run(main)
+
+
+def test_full_disk_on_the_producer_snapshot_of_a_roll_fails_only_that_append(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        tiny_segments = LogConfig(segment_bytes=200)
+        m = make_manager(tmp_path, config_for=lambda _t: tiny_segments)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+
+        def idempotent(seq: int) -> bytes:
+            records = [Record(b"v" * 100, timestamp=T0)]
+            return build_batch(records, producer_id=7, producer_epoch=0, base_sequence=seq)
+
+        await p.append(idempotent(0))
+        with faulty_files() as files:
+            files.index_write_errors = [ENOSPC]  # the snapshot written when the segment rolls
+            with pytest.raises(StorageFullError):
+                await p.append(idempotent(1))
+            assert files.index_write_errors == []
+        assert not m.offline and p.log_end_offset == 1
+        assert (await p.append(idempotent(1))).base_offset == 1  # space freed: same sequence
+        assert [v for _, v in await read_values(p)] == [b"v" * 100] * 2
         await m.close()
 
     run(main)
