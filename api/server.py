@@ -13,16 +13,16 @@ import ctypes
 import socket
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from core_log.datadir import DataDirInUseError, DataDirLock
 
-from .app import create_app
-from .budgets import Budgets
-from .connections import connection_cap, protocols, raise_open_file_limit
-from .fastpath import FastPath
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .fastpath import FastPath
 
 
 def serve(settings: Settings) -> int:
@@ -77,6 +77,12 @@ def _run(settings: Settings, sock: socket.socket, dir_lock: DataDirLock) -> None
     print(f"Logbus API:  {base}/v1", flush=True)
     print(f"Docs UI:     {base}/docs", flush=True)
     print(f"Data dir:    {settings.data_dir.resolve()}", flush=True)
+    # Imported only once the port and the directory are ours (the app costs ~1-3 s of imports):
+    # a broker that cannot have them says so at once.
+    from .app import create_app
+    from .budgets import Budgets
+    from .connections import connection_cap, protocols, raise_open_file_limit
+
     tune_allocator()
     open_files = raise_open_file_limit()
     cap = connection_cap(settings.max_connections, open_files, settings.max_open_handles)

@@ -7,10 +7,12 @@ Theory of operation
   broker reconciles: logs missing for a known partition are created, logs with no topic row are
   deleted — so a crash between the two steps heals itself.
 * A single broker leads every partition at leader epoch 0, its ISR is itself, and the high
-  watermark follows the log end once an append is as durable as ``acks`` asks:
-  ``acks=all`` waits for an fsync (group-committed with every concurrent append),
-  ``acks=1`` for the write to the log (page cache: survives a process crash, not a power cut),
-  ``acks=0`` answers without waiting for anything but validation and the write.
+  watermark follows the log end but never passes an append that must be fsynced first
+  (``acks=all``, or the one reaching ``flush.messages``) before an fsync covers it
+  (:attr:`core_log.log.PartitionLog.committable_offset`): ``acks=all`` answers after that fsync
+  (group-committed with every concurrent append), its records durable and visible;
+  ``acks=1`` after the write to the log (page cache: survives a process crash, not a power
+  cut); ``acks=0`` the same, without offsets.
 * Topic configs live in the store; a change is applied to the open logs at once.
 """
 

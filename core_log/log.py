@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 * Offsets: ``log_start_offset`` <= ``high_watermark`` <= ``log_end_offset`` (LEO, the next
   offset to assign), and ``recovery_point`` <= LEO is the offset below which everything is
-  fsynced. The caller sets the high watermark (a single broker: LEO once durable per policy; a
-  cluster: min LEO of the ISR). Consumers never read at or past it.
+  fsynced. The caller sets the high watermark (a single broker: :attr:`committable_offset`,
+  the LEO but never past an append that must be fsynced first; a cluster: min LEO of the
+  ISR). Consumers never read at or past it.
 * Append (leader): every batch of a request is validated first (header, CRC, sizes), so a bad
   request changes nothing; then each batch gets its base offset and leader epoch by rewriting
   the first 16 bytes, and the rest of its bytes goes to the active segment untouched. Only a
@@ -32,6 +33,7 @@ files and writes its checkpoint after releasing the lock.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -64,7 +66,7 @@ from .errors import (
 from .handles import HandleCache
 from .limits import MAX_FETCH_BYTES, MAX_SEGMENTS_DELETED_PER_PASS
 from .producer_state import ProducerStateManager
-from .segment import LogSegment
+from .segment import DISK_FULL_ERRNOS, LogSegment
 
 CHECKPOINT_FILE = "log.checkpoint"
 EPOCH_FILE = "leader-epoch-checkpoint"
@@ -126,6 +128,9 @@ class AppendResult:
     size_bytes: int
     log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
     duplicate: bool = False  # an idempotent retry: these are the original offsets, nothing new
+    # The caller must fsync up to ``last_offset + 1`` before answering (``durable`` asked, or
+    # the topic's ``flush.messages`` reached); the committable offset stays below it till then.
+    sync_required: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +176,7 @@ class PartitionLog:
         self._log_start_offset = 0
         self._high_watermark = 0
         self._recovery_point = 0
+        self._durable_end = 0  # end of the last append that must be fsynced before it is seen
         self._closed = False
         self.recovered_bytes_truncated = 0
         directory.mkdir(parents=True, exist_ok=True)
@@ -207,6 +213,23 @@ class PartitionLog:
         with self._lock:
             return list(self._segments)
 
+    @property
+    def committable_offset(self) -> int:
+        """How far a single broker may move the high watermark: the log end, unless an append
+        that must be fsynced first (``durable``, or ``flush.messages`` reached) is not yet
+        covered by the recovery point — then the recovery point. Never below the high
+        watermark already reached (it does not move backwards).
+
+        Read without the partition lock (the event loop calls it, and a worker may hold the
+        lock across an fsync): the log end is read first, then the durable end, which an
+        append raises *before* it writes, then the recovery point, which only grows — so a
+        batch seen in the log end is never taken for committable before its fsync."""
+        leo = self.log_end_offset
+        durable_end = self._durable_end
+        recovery_point = self._recovery_point
+        end = leo if recovery_point >= durable_end else recovery_point
+        return max(self._high_watermark, min(end, leo))
+
     def set_high_watermark(self, offset: int) -> int:
         """Move the high watermark forward to ``offset`` (clamped to the LEO); return it."""
         with self._hw_lock:
@@ -218,7 +241,12 @@ class PartitionLog:
     # -- append ----------------------------------------------------------------------------------
 
     def append(
-        self, data: bytes | memoryview, *, leader_epoch: int = 0, as_follower: bool = False
+        self,
+        data: bytes | memoryview,
+        *,
+        leader_epoch: int = 0,
+        as_follower: bool = False,
+        durable: bool = False,
     ) -> AppendResult:
         """Append one or more whole batches; return the offsets they got.
 
@@ -226,14 +254,22 @@ class PartitionLog:
         ``leader_epoch``; as follower (replication), batches keep the leader's offsets and
         epochs and must start at the LEO. Raises :class:`CorruptRecordError`,
         :class:`InvalidRecordError` or :class:`RecordTooLargeError` before writing anything.
+        With ``durable`` (or once ``flush.messages`` is reached) the result says
+        ``sync_required`` and :attr:`committable_offset` stays below these batches until a
+        flush covers them — decided under the lock, so no concurrent append can expose them.
         """
         view = memoryview(data)
         headers = self._split(view, as_follower)
         with self._lock:
-            return self._append(view, headers, leader_epoch, as_follower)
+            return self._append(view, headers, leader_epoch, as_follower, durable)
 
     def try_append(
-        self, data: bytes | memoryview, *, leader_epoch: int = 0, as_follower: bool = False
+        self,
+        data: bytes | memoryview,
+        *,
+        leader_epoch: int = 0,
+        as_follower: bool = False,
+        durable: bool = False,
     ) -> AppendResult | None:
         """:meth:`append`, but only if it can run without waiting or blocking: None (nothing
         done) when another thread holds the lock (it may be fsyncing), or when the append would
@@ -247,7 +283,7 @@ class PartitionLog:
             self._check_open()
             if self._append_would_block(headers, len(view), leader_epoch, as_follower):
                 return None
-            return self._append(view, headers, leader_epoch, as_follower)
+            return self._append(view, headers, leader_epoch, as_follower, durable)
         finally:
             self._lock.release()
 
@@ -280,18 +316,30 @@ class PartitionLog:
         headers: list[BatchHeader],
         leader_epoch: int,
         as_follower: bool,
+        durable: bool,
     ) -> AppendResult:
         self._check_open()
         if as_follower:
             self._check_follower_offsets(headers)
         elif (duplicate := self._check_producer(headers, len(view))) is not None:
-            return duplicate
+            # A durable retry of a batch not yet fsynced waits for the fsync too.
+            unsynced = duplicate.last_offset >= self._recovery_point
+            return dataclasses.replace(duplicate, sync_required=durable and unsynced)
         now = self.clock.now_ms()
         append_time = now if self.config.log_append_time and not as_follower else -1
         batches = self._prepared(view, headers, append_time, as_follower)
-        offset = self.log_end_offset
+        start = offset = self.log_end_offset
         first = headers[0].base_offset if as_follower else offset
-        start = offset
+        end = (
+            headers[-1].next_offset
+            if as_follower
+            else start + sum(h.next_offset - h.base_offset for h in headers)
+        )
+        sync_required = durable or end - self._recovery_point >= self.config.flush_messages
+        if sync_required:
+            # Before the write: whoever sees any of these batches in the log end also sees
+            # that they wait for an fsync (committable_offset reads without the lock).
+            self._durable_end = max(self._durable_end, end)
         try:
             offset = self._write_batches(batches, offset, leader_epoch, as_follower, now)
         except StorageFullError:
@@ -299,6 +347,7 @@ class PartitionLog:
             # request changes nothing (an undo that fails raises: the directory is lost).
             if self.log_end_offset > start:
                 self.truncate_to(start)
+            self._durable_end = min(self._durable_end, self.log_end_offset)
             raise
         return AppendResult(
             base_offset=first,
@@ -307,6 +356,7 @@ class PartitionLog:
             records=sum(h.record_count for h in headers),
             size_bytes=len(view),
             log_append_time_ms=append_time,
+            sync_required=sync_required,
         )
 
     def _write_batches(
@@ -431,7 +481,15 @@ class PartitionLog:
         segment.pin(True)
         self._segments.append(segment)
         if len(self.producers):
-            self.producers.snapshot(self.directory, base_offset)  # recovery replays from here
+            try:
+                self.producers.snapshot(self.directory, base_offset)  # recovery replays from here
+            except OSError as e:
+                if e.errno not in DISK_FULL_ERRNOS:
+                    raise
+                # The roll stands (an empty segment); recovery replays from an older snapshot.
+                raise StorageFullError(
+                    f"{self.directory.name}: disk full ({e.strerror}); nothing was appended"
+                ) from e
         return segment
 
     def _new_segment(self, base_offset: int, suffix: str = "") -> LogSegment:
@@ -595,6 +653,7 @@ class PartitionLog:
                 self._high_watermark = min(self._high_watermark, leo)
             self._reload_producers()
             self._recovery_point = min(self._recovery_point, leo)
+            self._durable_end = min(self._durable_end, leo)
             return leo
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -608,6 +667,7 @@ class PartitionLog:
             self._segments[0].pin(True)
             with self._hw_lock:
                 self._log_start_offset = self._high_watermark = self._recovery_point = offset
+            self._durable_end = offset
             self.epochs.clear()
             self.epochs.store()
             self.write_checkpoint()

@@ -15,9 +15,11 @@ Theory of operation
 * Group commit: :meth:`Partition.sync` starts one fsync if none is running and otherwise waits
   for the running one; when it ends, every append that landed meanwhile is covered by the next
   single fsync. Eight concurrent durable writers therefore share fsyncs instead of queueing.
-* High watermark: a standalone broker (``auto_high_watermark``) moves it to the end of each
-  append once the append is as durable as the topic's flush policy requires; a replicated
-  partition leaves it to the replication layer (:meth:`Partition.set_high_watermark`).
+* High watermark: a standalone broker (``auto_high_watermark``) moves it to the log end after
+  each append and each fsync, but never past an append that must be fsynced first
+  (``durable``, or ``flush.messages`` reached) until an fsync covers it — so an ``acks=1``
+  append cannot expose an ``acks=all`` one still being fsynced; it never moves backwards. A
+  replicated partition leaves it to the replication layer (:meth:`Partition.set_high_watermark`).
 * Long-polls: :meth:`Partition.wait_for` parks a future per waiter, resolved when the high
   watermark moves; no polling, and the number of waiters per partition is bounded.
 * Storage failures (:mod:`core_log.logdir`): a failed fsync, or a write that cannot be undone,
@@ -142,28 +144,27 @@ class Partition:
         durable: bool = False,
     ) -> AppendResult:
         """Append whole batches; with ``durable`` (or when ``flush.messages`` is reached) wait
-        for an fsync covering them. Advances the high watermark in standalone mode."""
+        for an fsync covering them. Advances the high watermark in standalone mode, never past
+        an append that must be fsynced first (:attr:`PartitionLog.committable_offset`)."""
         self.log_dir.check()
         try:
             result = None
             inline = len(data) < OFF_LOOP_IO_BYTES and not self._queued_appends
             if inline and (as_follower or not any_compressed(data)):
                 result = self.log.try_append(
-                    data, leader_epoch=leader_epoch, as_follower=as_follower
+                    data, leader_epoch=leader_epoch, as_follower=as_follower, durable=durable
                 )
             if result is None:
-                result = await self._append_off_loop(data, leader_epoch, as_follower)
+                result = await self._append_off_loop(data, leader_epoch, as_follower, durable)
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
-        end = result.last_offset + 1
-        if durable or self.log.unflushed_records >= self.log.config.flush_messages:
-            await self.sync(end)
-        if self.auto_high_watermark:
-            self.set_high_watermark(end)
+        if result.sync_required:
+            await self.sync(result.last_offset + 1)
+        self._advance_high_watermark()
         return result
 
     async def _append_off_loop(
-        self, data: bytes | memoryview, leader_epoch: int, as_follower: bool
+        self, data: bytes | memoryview, leader_epoch: int, as_follower: bool, durable: bool
     ) -> AppendResult:
         """A large append, one that rolls a segment, or one that found the lock busy."""
         self._queued_appends += 1
@@ -175,9 +176,15 @@ class Partition:
                     data,
                     leader_epoch=leader_epoch,
                     as_follower=as_follower,
+                    durable=durable,
                 )
         finally:
             self._queued_appends -= 1
+
+    def _advance_high_watermark(self) -> None:
+        """Standalone mode: the high watermark follows what the log may commit."""
+        if self.auto_high_watermark:
+            self.set_high_watermark(self.log.committable_offset)
 
     async def sync(self, offset: int) -> None:
         """Return once everything below ``offset`` is fsynced (group commit).
@@ -197,9 +204,11 @@ class Partition:
     async def _flush(self) -> int:
         self.last_flush_ms = self.log.clock.monotonic_ms()
         try:
-            return await executors.run(self.pools.fsync, self.log.flush)
+            recovery_point = await executors.run(self.pools.fsync, self.log.flush)
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
+        self._advance_high_watermark()  # appends waiting for this fsync become visible
+        return recovery_point
 
     def _storage_failure(self, error: BaseException) -> BaseException:
         """What to raise for ``error`` from the log: a closed (deleted) log's errors pass

@@ -27,7 +27,8 @@ class FaultyFiles(fileio.FileOps):
     * ``datasync_errors``: errnos for the next segment fsyncs (``fdatasync``) whose file path
       contains ``datasync_match``.
     * ``truncate_error``: an errno for every ``ftruncate``.
-    * ``gate``: when set, segment fsyncs wait for it (and count in ``datasyncs_waiting``).
+    * ``gate``: when set, the same segment fsyncs wait for it (and count in
+      ``datasyncs_waiting``).
     """
 
     def __init__(self) -> None:
@@ -39,6 +40,10 @@ class FaultyFiles(fileio.FileOps):
         self.gate: threading.Event | None = None
         self.datasyncs_waiting = threading.Semaphore(0)
         self.datasyncs = 0
+
+    def wait_for_datasync(self) -> None:
+        """Block until one gated fsync has started (call it through ``asyncio.to_thread``)."""
+        assert self.datasyncs_waiting.acquire(timeout=GATE_TIMEOUT_S), "no fsync started"
 
     def pwritev(self, fd: int, buffers: Any, offset: int) -> int:
         self._maybe_fail(self.write_errors)
@@ -53,10 +58,10 @@ class FaultyFiles(fileio.FileOps):
         return super().write(fd, data)
 
     def fdatasync(self, fd: int) -> None:
-        if self.gate is not None:
-            self.datasyncs_waiting.release()
-            assert self.gate.wait(GATE_TIMEOUT_S), "fsync gate never opened"
         if self.datasync_match in fd_path(fd):
+            if self.gate is not None:
+                self.datasyncs_waiting.release()
+                assert self.gate.wait(GATE_TIMEOUT_S), "fsync gate never opened"
             self._maybe_fail(self.datasync_errors)
         self.datasyncs += 1
         super().fdatasync(fd)

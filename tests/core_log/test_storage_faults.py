@@ -12,15 +12,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
+from core_log.batch import Record, build_batch
 from core_log.config import LogConfig
 from core_log.errors import ErrorCode, KafkaStorageError, StorageFullError
 from core_log.manager import CLEAN_SHUTDOWN_FILE, LogManager
 from tests.core_log.faults import EDQUOT, EIO, ENOSPC, faulty_files
-from tests.core_log.test_manager import batch, make_manager, read_values, run
+from tests.core_log.test_manager import T0, batch, make_manager, read_values, run
 
 
 def segment_bytes(m: LogManager, topic: str, partition: int) -> int:
@@ -156,13 +158,13 @@ def test_pending_acks_fail_when_the_directory_goes_offline(tmp_path: Path) -> No
         p0, p1 = await m.create("t", 0), await m.create("t", 1)
         with faulty_files() as files:
             files.datasync_errors = [EIO]
-            files.datasync_match = "t-0"
-            files.gate = gate = __import__("threading").Event()
+            files.datasync_match = "t-"  # one of the two fsyncs fails, the other succeeds
+            files.gate = gate = threading.Event()
             first = asyncio.create_task(p0.append(batch(b"1"), durable=True))
-            await asyncio.to_thread(files.datasyncs_waiting.acquire)  # p0's fsync started
+            await asyncio.to_thread(files.wait_for_datasync)  # p0's fsync started
             second = asyncio.create_task(p0.append(batch(b"2"), durable=True))
             other = asyncio.create_task(p1.append(batch(b"3"), durable=True))
-            await asyncio.to_thread(files.datasyncs_waiting.acquire)  # p1's fsync started
+            await asyncio.to_thread(files.wait_for_datasync)  # p1's fsync started
             poll = asyncio.create_task(p1.wait_for(10, 30))
             await asyncio.sleep(0)
             gate.set()
@@ -215,5 +217,54 @@ def test_full_disk_on_an_index_write_keeps_the_directory_online(tmp_path: Path) 
         assert os.path.getsize(index) == 8  # cut back to whole entries
         await m.close()  # the pending entry goes out now
         assert os.path.getsize(index) == 16
+
+    run(main)
+
+
+def test_io_error_on_an_append_takes_the_directory_offline_even_when_undone(
+    tmp_path: Path,
+) -> None:
+    """EIO says the disk is failing, not full: the append is cut off, but nothing written to
+    that directory before can be trusted either."""
+
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        size = segment_bytes(m, "t", 0)
+        with faulty_files() as files:
+            files.write_errors = [EIO]
+            with pytest.raises(KafkaStorageError) as e:
+                await p.append(batch(b"x"))
+            assert not isinstance(e.value, StorageFullError)
+        assert m.offline and segment_bytes(m, "t", 0) == size
+        await m.close()
+
+    run(main)
+
+
+def test_full_disk_on_the_producer_snapshot_of_a_roll_fails_only_that_append(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        tiny_segments = LogConfig(segment_bytes=200)
+        m = make_manager(tmp_path, config_for=lambda _t: tiny_segments)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+
+        def idempotent(seq: int) -> bytes:
+            records = [Record(b"v" * 100, timestamp=T0)]
+            return build_batch(records, producer_id=7, producer_epoch=0, base_sequence=seq)
+
+        await p.append(idempotent(0))
+        with faulty_files() as files:
+            files.index_write_errors = [ENOSPC]  # the snapshot written when the segment rolls
+            with pytest.raises(StorageFullError):
+                await p.append(idempotent(1))
+            assert files.index_write_errors == []
+        assert not m.offline and p.log_end_offset == 1
+        assert (await p.append(idempotent(1))).base_offset == 1  # space freed: same sequence
+        assert [v for _, v in await read_values(p)] == [b"v" * 100] * 2
+        await m.close()
 
     run(main)
