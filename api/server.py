@@ -34,6 +34,7 @@ def serve(settings: Settings) -> int:
     open_files = raise_open_file_limit()
     cap = connection_cap(settings.max_connections, open_files, settings.max_open_handles)
     budgets = Budgets.from_settings(settings, cap)
+    print(f"Connections: at most {cap} (open-file limit {open_files})", flush=True)
     app = create_app(settings, budgets)
     http, ws = protocols(budgets.gate, settings.header_timeout_ms, settings.send_timeout_ms)
     config = uvicorn.Config(
