@@ -56,9 +56,7 @@ class FastPath:
         self.app = app
         self.budgets = budgets
         self.state: AppState | None = None  # set by the app's lifespan
-        self._guarded = BodyGuard(
-            self._route, budgets.body, settings.max_request_bytes, settings.body_timeout_ms
-        )
+        self._guarded = BodyGuard(self._route, budgets.body, settings.max_request_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

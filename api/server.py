@@ -36,7 +36,12 @@ def serve(settings: Settings) -> int:
     budgets = Budgets.from_settings(settings, cap)
     print(f"Connections: at most {cap} (open-file limit {open_files})", flush=True)
     app = create_app(settings, budgets)
-    http, ws = protocols(budgets.gate, settings.header_timeout_ms, settings.send_timeout_ms)
+    http, ws = protocols(
+        budgets.gate,
+        settings.header_timeout_ms,
+        settings.body_timeout_ms,
+        settings.send_timeout_ms,
+    )
     config = uvicorn.Config(
         app,
         host=settings.host,
