@@ -121,27 +121,20 @@ def budget_exhausted(budget: ByteBudget) -> LogbusError:
     )
 
 
-def request_timeout(timeout_ms: int) -> LogbusError:
-    return LogbusError(f"no request body bytes for {timeout_ms} ms", code=ErrorCode.REQUEST_TIMEOUT)
-
-
 class BodyGuard:
-    """ASGI middleware: every HTTP request body is at most ``max_body_bytes`` (413), counts
-    against the body budget (503 + ``Retry-After``) and must keep arriving (408 after
-    ``body_timeout_ms`` without a byte).
+    """ASGI middleware: every HTTP request body is at most ``max_body_bytes`` (413) and counts
+    against the body budget (503 + ``Retry-After``). (A body that stops arriving is answered
+    408 by the protocol, :mod:`api.connections`.)
 
     On any of these the guard answers itself (problem+json with ``Connection: close``, as the
     rest of the body is never read), tells the app the client went away, and drops whatever
     the app then tries to send.
     """
 
-    def __init__(
-        self, app: ASGIApp, budget: ByteBudget, max_body_bytes: int, body_timeout_ms: int
-    ) -> None:
+    def __init__(self, app: ASGIApp, budget: ByteBudget, max_body_bytes: int) -> None:
         self.app = app
         self.budget = budget
         self.max_body_bytes = max_body_bytes
-        self.body_timeout_ms = body_timeout_ms
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -151,8 +144,8 @@ class BodyGuard:
         try:
             await self.app(scope, request.receive, request.send)
         except Exception:
-            if not request.answered:
-                raise
+            if not (request.answered or request.vanished):
+                raise  # an app's error once its client left mid-body is no error
         finally:
             self.budget.release(request.reserved)
 
@@ -166,6 +159,7 @@ class _GuardedRequest:
         self.declared: int | None = _content_length(scope)
         self.body_done = False
         self.answered = False  # the guard sent its own answer; the app's is dropped
+        self.vanished = False  # the client went away before its body was read
         self.started = False  # the app started its answer
 
     async def receive(self) -> Message:
@@ -176,12 +170,9 @@ class _GuardedRequest:
         limit = self.guard.max_body_bytes
         if self.declared is not None and self.declared > limit:
             return await self._refuse(413, payload_too_large(limit))
-        try:
-            async with asyncio.timeout(self.guard.body_timeout_ms / 1000):
-                message = await self._receive()
-        except TimeoutError:
-            return await self._refuse(408, request_timeout(self.guard.body_timeout_ms))
+        message = await self._receive()
         if message["type"] != "http.request":
+            self.vanished = True  # mid-body (or a body timeout, api/connections.py)
             return message
         if not message.get("more_body", False):
             self.body_done = True

@@ -68,9 +68,7 @@ class FastPath:
         self.budgets = budgets
         self.policy = policy
         self.state: AppState | None = None  # set by the app's lifespan
-        self._guarded = BodyGuard(
-            self._route, budgets.body, settings.max_request_bytes, settings.body_timeout_ms
-        )
+        self._guarded = BodyGuard(self._route, budgets.body, settings.max_request_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.policy is not None and scope["type"] in ("http", "websocket"):

@@ -87,8 +87,14 @@ def _run(settings: Settings, sock: socket.socket, dir_lock: DataDirLock) -> None
     open_files = raise_open_file_limit()
     cap = connection_cap(settings.max_connections, open_files, settings.max_open_handles)
     budgets = Budgets.from_settings(settings, cap)
+    print(f"Connections: at most {cap} (open-file limit {open_files})", flush=True)
     app = create_app(settings, dir_lock, budgets)
-    http, ws = protocols(budgets.gate, settings.header_timeout_ms, settings.send_timeout_ms)
+    http, ws = protocols(
+        budgets.gate,
+        settings.header_timeout_ms,
+        settings.body_timeout_ms,
+        settings.send_timeout_ms,
+    )
     config = uvicorn.Config(
         app,
         host=settings.host,

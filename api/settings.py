@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import field_validator, model_validator
+from pydantic import PositiveInt, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # A list setting from the environment: comma-separated (or a JSON array).
@@ -51,15 +51,16 @@ class Settings(BaseSettings):
 
     # Connections, bodies and answers in flight (api/connections.py, api/budgets.py): a flood
     # of idle sockets, slow uploads or clients that never read costs bounded memory and time.
-    max_connections: int = 10_000  # beyond it the oldest idle connection is closed (Kafka:
-    # max.connections); clamped below the process's open-file limit at start
-    header_timeout_ms: int = 10_000  # a request head must arrive whole within this
-    keep_alive_timeout_ms: int = 5_000  # an idle keep-alive connection is closed after this
-    body_timeout_ms: int = 30_000  # no request-body bytes for this long: 408, closed
-    send_timeout_ms: int = 30_000  # a client that takes no answer bytes for this long: closed
-    max_inflight_body_bytes: int = 256 * 1024 * 1024  # request bodies being read, all clients
-    max_inflight_response_bytes: int = 256 * 1024 * 1024  # produce/fetch answers being sent
-    max_queued_stream_bytes: int = 128 * 1024 * 1024  # WebSocket/SSE reads being pushed
+    # max_connections (Kafka: max.connections): past it the longest-idle connection is
+    # closed; clamped below the process's open-file limit at start.
+    max_connections: PositiveInt = 10_000
+    header_timeout_ms: PositiveInt = 10_000  # a request head must arrive whole within this
+    keep_alive_timeout_ms: PositiveInt = 5_000  # an idle keep-alive connection closes after
+    body_timeout_ms: PositiveInt = 30_000  # no request-body bytes for this long: 408, closed
+    send_timeout_ms: PositiveInt = 30_000  # a client taking no answer bytes this long: closed
+    max_inflight_body_bytes: PositiveInt = 256 * 1024 * 1024  # bodies being read, all clients
+    max_inflight_response_bytes: PositiveInt = 256 * 1024 * 1024  # produce/fetch answers sent
+    max_queued_stream_bytes: PositiveInt = 128 * 1024 * 1024  # WebSocket/SSE reads being pushed
 
     fast_path: bool = True  # serve produce/fetch from the lean ASGI route
 

@@ -90,3 +90,9 @@ def test_budgets_must_admit_the_largest_request() -> None:
         Settings(max_request_bytes=100, max_inflight_body_bytes=99)
     with pytest.raises(ValueError, match="max_inflight_response_bytes"):
         Settings(max_fetch_bytes=100, max_inflight_response_bytes=99)
+
+
+def test_limits_must_be_positive() -> None:
+    for name in ("header_timeout_ms", "body_timeout_ms", "send_timeout_ms", "max_connections"):
+        with pytest.raises(ValueError, match=name):
+            Settings(**{name: 0})

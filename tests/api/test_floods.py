@@ -7,9 +7,9 @@ enough for the suite; ``-m slow`` runs the sizes of the issue (10,100 idle socke
 that never read a 64 MiB fetch, ...).
 
 The assertions are generous (a shared 2-core machine is 2-5x noisy): p99 under
-``P99_BOUND_S`` catches a lockout or a multi-second stall, not a slow millisecond. The figures
-measured when this was written (``pytest tests/api/test_floods.py -s -m "slow or not slow"``)
-are in docs/operations.md ("Memory and time bounds").
+``P99_BOUND_S`` catches a lockout or a multi-second stall, not a slow millisecond. Each test
+prints its figures (``pytest tests/api/test_floods.py -s -m "slow or not slow"``); those
+measured when this was written are in docs/operations.md ("Memory and time bounds").
 """
 
 from __future__ import annotations
