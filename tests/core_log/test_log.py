@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -1048,3 +1048,33 @@ def test_follower_append_keeps_offsets_and_epochs(tmp_path: Path) -> None:
     assert log.log_end_offset == 13
     assert log.size_bytes == len(data)
     log.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 50), min_size=1, max_size=20_000),
+    st.integers(-1, 52),
+    st.integers(0, 20_000),
+    st.sampled_from([Compression.NONE, Compression.ZSTD]),
+)
+def test_first_at_or_after_agrees_with_decoding(
+    stamps: list[int], target: int, min_offset: int, compression: Compression
+) -> None:
+    """The timestamp search (a C column walk in chunks) finds what decoding every record
+    finds, whatever the order of timestamps, across chunk boundaries, compressed or not."""
+    from core_log.batch import decode_records, parse_header
+    from core_log.segment import first_at_or_after
+
+    base = 1_700_000_000_000
+    data = build_batch(
+        [Record(b"v", timestamp=base + t) for t in stamps], base_offset=7, compression=compression
+    )
+    expected = next(
+        (
+            r.offset
+            for r in decode_records(data)
+            if r.timestamp >= base + target and r.offset >= min_offset
+        ),
+        None,
+    )
+    assert first_at_or_after(data, parse_header(data), base + target, min_offset) == expected
