@@ -110,6 +110,13 @@ class LogSegment:
         """Keep the descriptor of the active segment open."""
         self._handle.pinned = pinned
 
+    def index_room(self) -> int:
+        """Entries either index can still take before the segment must roll."""
+        return min(
+            self.offset_index.max_entries - len(self.offset_index),
+            self.time_index.max_entries - len(self.time_index),
+        )
+
     def can_hold(self, last_offset: int, size: int, segment_bytes: int) -> bool:
         """Whether a batch ending at ``last_offset`` of ``size`` bytes fits without a roll."""
         if self.offset_index.is_full or self.time_index.is_full:

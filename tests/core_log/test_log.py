@@ -1078,3 +1078,28 @@ def test_first_at_or_after_agrees_with_decoding(
         None,
     )
     assert first_at_or_after(data, parse_header(data), base + target, min_offset) == expected
+
+
+def test_try_append_declines_whatever_would_roll_or_store(tmp_path: Path) -> None:
+    """The event loop's append gives up (None, nothing written) when the append would roll a
+    segment — by size, by ``segment.ms``, or because a later batch of the request would find
+    the index full — or store a new leader epoch; otherwise it appends."""
+    clock = ManualClock(1_700_000_000_000)
+    cfg = LogConfig.from_dict(
+        {"segment.index.bytes": 32, "index.interval.bytes": 1, "segment.bytes": 1000}
+    )
+    log = PartitionLog(tmp_path / "p", cfg, clock, HandleCache(max_open=8))
+
+    def one(v: bytes) -> bytes:
+        return build_batch([Record(v, timestamp=clock.now_ms())])
+
+    assert log.try_append(one(b"a")) is None  # the first append stores leader epoch 0
+    log.append(one(b"a"))  # the index (4 entries) has room for 3 more batches
+    assert log.try_append(one(b"b") * 4) is None
+    assert log.try_append(one(b"b") + one(b"c")) is not None
+    assert log.try_append(one(b"x" * 1000)) is None  # past segment.bytes
+    assert log.try_append(one(b"d"), leader_epoch=1) is None
+    clock.advance(cfg.segment_ms)
+    assert log.try_append(one(b"e")) is None  # segment.ms
+    assert log.log_end_offset == 3 and len(log.segments) == 1
+    log.close()
