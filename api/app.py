@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -118,7 +116,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         budgets=budgets,
     )
     app.state.logbus = state
-    probe = asyncio.create_task(LoopLagProbe(state.metrics.loop_lag).run(), name="loop-lag")
+    probe = LoopLagProbe(state.metrics.loop_lag, settings.loop_lag_interval_ms / 1000)
+    if settings.loop_lag_interval_ms > 0:
+        probe.start()
     fast: FastPath | None = getattr(app.state, "fast_path", None)
     if fast is not None:
         fast.state = state
@@ -127,9 +127,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         if fast is not None:
             fast.state = None
-        probe.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await probe
+        probe.stop()
         await coordinator.close()
         await broker.close()
 

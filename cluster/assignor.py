@@ -68,7 +68,8 @@ def assign(
             valid = tp[0] in subscriptions[m] and tp[1] < partition_counts.get(tp[0], 0)
             if valid and tp not in owned:
                 owned.add(tp)
-                loads.give(m, tp)
+                loads.keep(m, tp)
+    loads.index()
     for topic in eligible:
         for p in range(partition_counts[topic]):
             if (topic, p) not in owned:
@@ -94,10 +95,22 @@ class _Loads:
         self.held: dict[str, dict[str, list[int]]] = {m: {} for m in members}
         self._pool_of: dict[str, list[tuple[int, str]]] = {}
         self._pools_of_member: dict[str, list[list[tuple[int, str]]]] = {m: [] for m in members}
+
+    def keep(self, member: str, tp: TopicPartition) -> None:
+        """Step 1: record a kept partition (the indexes are built once, by :meth:`index`)."""
+        self.result[member].add(tp)
+        self.held[member].setdefault(tp[0], []).append(-tp[1])
+
+    def index(self) -> None:
+        """Build the heaps once every kept partition is in (one heapify each, no pushes)."""
+        for by_topic in self.held.values():
+            for heap in by_topic.values():
+                heapq.heapify(heap)
         pools: dict[tuple[str, ...], list[tuple[int, str]]] = {}
-        for topic, who in eligible.items():
+        for topic, who in self.eligible.items():
             if who not in pools:
-                pools[who] = [(0, m) for m in who]  # sorted by id, so already a heap
+                pools[who] = [(self.count(m), m) for m in who]
+                heapq.heapify(pools[who])
                 for m in who:
                     self._pools_of_member[m].append(pools[who])
             self._pool_of[topic] = pools[who]

@@ -307,6 +307,8 @@ class PartitionLog:
         last = headers[-1].last_offset if as_follower else self.log_end_offset + span - 1
         if not active.can_hold(last, size, self.config.segment_bytes):
             return True
+        if len(headers) > 1 and active.index_room() < len(headers):
+            return True  # one index entry per batch at most: a later batch could roll
         epochs = {h.partition_leader_epoch for h in headers} if as_follower else {leader_epoch}
         return max(epochs) > self.epochs.latest_epoch
 

@@ -559,7 +559,11 @@ class LogManager:
         for p in list(self._partitions.values()):
             await executors.run(self.pools.fsync, p.log.roll_if_expired)
             results.append(await executors.run(self.pools.fsync, p.log.apply_retention))
-            p.log.expire_producers(self.producer_id_expiration_ms)
+            # It takes the partition lock, which a roll or a compaction swap may hold: not on
+            # the loop.
+            await executors.run(
+                self.pools.fsync, p.log.expire_producers, self.producer_id_expiration_ms
+            )
         return results
 
     async def run_cleaner(self) -> list[CleanResult]:

@@ -14,8 +14,10 @@ before the sync started).
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
+import itertools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from .errors import CorruptRecordError, KafkaStorageError, StorageFullError
 from .handles import Handle, HandleCache, RetiredHandleError
 from .index import IndexCorrupt, OffsetIndex, TimeIndex
 from .limits import MAX_BATCH_BYTES, MAX_RELATIVE_OFFSET
+from .recordscan import batch_columns
 
 RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -109,6 +112,13 @@ class LogSegment:
     def pin(self, pinned: bool) -> None:
         """Keep the descriptor of the active segment open."""
         self._handle.pinned = pinned
+
+    def index_room(self) -> int:
+        """Entries either index can still take before the segment must roll."""
+        return min(
+            self.offset_index.max_entries - len(self.offset_index),
+            self.time_index.max_entries - len(self.time_index),
+        )
 
     def can_hold(self, last_offset: int, size: int, segment_bytes: int) -> bool:
         """Whether a batch ending at ``last_offset`` of ``size`` bytes fits without a roll."""
@@ -283,9 +293,9 @@ class LogSegment:
                     return None
                 if h2.max_timestamp >= timestamp:
                     data = os.pread(fd, h2.size_bytes, position)
-                    for record in decode_records(data):
-                        if record.timestamp >= timestamp and record.offset >= min_offset:
-                            return record.offset
+                    hit = first_at_or_after(data, h2, timestamp, min_offset)
+                    if hit is not None:
+                        return hit
                 position += h2.size_bytes
         return None
 
@@ -475,3 +485,35 @@ class LogSegment:
         self.log_path.unlink(missing_ok=True)
         self.offset_index.delete()
         self.time_index.delete()
+
+
+# Timestamps compared per C call: ~1 ms of the GIL each, so the event loop gets it back between
+# chunks (a C call is never interrupted by the interpreter's 5 ms switch interval).
+_SEARCH_CHUNK = 8192
+
+
+def first_at_or_after(data: bytes, h: BatchHeader, timestamp: int, min_offset: int) -> int | None:
+    """The first offset >= ``min_offset`` in the batch ``data`` whose timestamp is >=
+    ``timestamp``. An uncompressed batch is walked in C (``batch_columns``: no Python object
+    per record, ~1 ms for 100,000 records where decoding them takes ~300 ms of the GIL);
+    a compressed one, or one the column walk refuses, is decoded."""
+    try:
+        columns = batch_columns(data, max(min_offset, h.base_offset), h.next_offset, False)
+    except CorruptRecordError:
+        columns = None
+    if columns is None:
+        for record in decode_records(data):
+            if record.timestamp >= timestamp and record.offset >= min_offset:
+                return record.offset
+        return None
+    offsets, stamps_us = array.array("q"), array.array("q")
+    offsets.frombytes(columns[2])
+    stamps_us.frombytes(columns[3])
+    at_or_after = (timestamp * 1000).__le__
+    for start in range(0, len(stamps_us), _SEARCH_CHUNK):
+        end = start + _SEARCH_CHUNK
+        chunk = map(at_or_after, stamps_us[start:end])  # no bytecode per record
+        first = next(itertools.compress(range(start, end), chunk), None)
+        if first is not None:
+            return offsets[first]
+    return None

@@ -40,11 +40,12 @@ def test_probe_sees_a_blocked_loop() -> None:
 
     async def main() -> float:
         rec = LagRecorder(CollectorRegistry())
-        task = asyncio.create_task(LoopLagProbe(rec).run())
+        probe = LoopLagProbe(rec)
+        probe.start()
         await asyncio.sleep(3 * INTERVAL_S)
         threading.Event().wait(0.2)  # block the loop
         await asyncio.sleep(3 * INTERVAL_S)
-        task.cancel()
+        probe.stop()
         return rec.max_s()
 
     assert asyncio.run(main()) >= 0.15

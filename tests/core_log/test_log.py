@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -1047,4 +1047,59 @@ def test_follower_append_keeps_offsets_and_epochs(tmp_path: Path) -> None:
         log.append(overlapping, as_follower=True)
     assert log.log_end_offset == 13
     assert log.size_bytes == len(data)
+    log.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 50), min_size=1, max_size=20_000),
+    st.integers(-1, 52),
+    st.integers(0, 20_000),
+    st.sampled_from([Compression.NONE, Compression.ZSTD]),
+)
+def test_first_at_or_after_agrees_with_decoding(
+    stamps: list[int], target: int, min_offset: int, compression: Compression
+) -> None:
+    """The timestamp search (a C column walk in chunks) finds what decoding every record
+    finds, whatever the order of timestamps, across chunk boundaries, compressed or not."""
+    from core_log.batch import decode_records, parse_header
+    from core_log.segment import first_at_or_after
+
+    base = 1_700_000_000_000
+    data = build_batch(
+        [Record(b"v", timestamp=base + t) for t in stamps], base_offset=7, compression=compression
+    )
+    expected = next(
+        (
+            r.offset
+            for r in decode_records(data)
+            if r.timestamp >= base + target and r.offset >= min_offset
+        ),
+        None,
+    )
+    assert first_at_or_after(data, parse_header(data), base + target, min_offset) == expected
+
+
+def test_try_append_declines_whatever_would_roll_or_store(tmp_path: Path) -> None:
+    """The event loop's append gives up (None, nothing written) when the append would roll a
+    segment — by size, by ``segment.ms``, or because a later batch of the request would find
+    the index full — or store a new leader epoch; otherwise it appends."""
+    clock = ManualClock(1_700_000_000_000)
+    cfg = LogConfig.from_dict(
+        {"segment.index.bytes": 32, "index.interval.bytes": 1, "segment.bytes": 1000}
+    )
+    log = PartitionLog(tmp_path / "p", cfg, clock, HandleCache(max_open=8))
+
+    def one(v: bytes) -> bytes:
+        return build_batch([Record(v, timestamp=clock.now_ms())])
+
+    assert log.try_append(one(b"a")) is None  # the first append stores leader epoch 0
+    log.append(one(b"a"))  # the index (4 entries) has room for 3 more batches
+    assert log.try_append(one(b"b") * 4) is None
+    assert log.try_append(one(b"b") + one(b"c")) is not None
+    assert log.try_append(one(b"x" * 1000)) is None  # past segment.bytes
+    assert log.try_append(one(b"d"), leader_epoch=1) is None
+    clock.advance(cfg.segment_ms)
+    assert log.try_append(one(b"e")) is None  # segment.ms
+    assert log.log_end_offset == 3 and len(log.segments) == 1
     log.close()

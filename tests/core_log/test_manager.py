@@ -906,9 +906,10 @@ def hold_lock(log: PartitionLog, release: threading.Event) -> None:
     held.wait()
 
 
-@pytest.mark.parametrize("op", ["append", "read", "high_watermark"])
+@pytest.mark.parametrize("op", ["append", "read", "high_watermark", "retention"])
 def test_the_loop_never_waits_for_a_busy_partition_lock(tmp_path: Path, op: str) -> None:
-    """A small append or read, or moving the high watermark, while a worker holds the lock:
+    """A small append or read, moving the high watermark, or a retention pass (rolls, deletes,
+    producer expiry) while a worker holds the lock:
     the loop stays free (the work goes to a worker, or takes no lock) and the result is right
     once the lock is free. Before, the loop blocked until the worker let go (HOLD_S here)."""
 
@@ -925,6 +926,8 @@ def test_the_loop_never_waits_for_a_busy_partition_lock(tmp_path: Path, op: str)
             task = asyncio.ensure_future(p.append(batch(b"b")))
         elif op == "read":
             task = asyncio.ensure_future(p.read(0, 1000))
+        elif op == "retention":
+            task = asyncio.ensure_future(manager.run_retention())
         else:
             p.log._high_watermark = 0
             p.set_high_watermark(1)
@@ -1019,5 +1022,31 @@ def test_storage_work_has_its_own_pools_and_no_other_work_starves_it(tmp_path: P
         assert {"logbus-fsync", "logbus-reads", "logbus-appends", "logbus-compaction"} <= names
         await manager.close()
         assert manager.pools.closed
+
+    run(main)
+
+
+def test_a_retention_pass_takes_no_partition_lock_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rolls, deletions and producer expiry all take the partition lock: none on the loop."""
+
+    async def main() -> None:
+        manager = make_manager(tmp_path)
+        await manager.start(background=False)
+        p = await manager.create("t", 0)
+        await p.append(batch(b"a"))
+        threads: list[int] = []
+        for name in ("roll_if_expired", "apply_retention", "expire_producers"):
+            method = getattr(p.log, name)
+
+            def spy(*args: Any, _method: Any = method) -> Any:
+                threads.append(threading.get_ident())
+                return _method(*args)
+
+            monkeypatch.setattr(p.log, name, spy)
+        await manager.run_retention()
+        assert len(threads) == 3 and threading.get_ident() not in threads
+        await manager.close()
 
     run(main)
