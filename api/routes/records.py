@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
@@ -80,6 +80,15 @@ _PRODUCE_BODY: dict[str, Any] = {
                     "description": "Kafka record batches v2, back to back (partition path only)",
                 },
             },
+            records.OCTETS: {
+                "schema": {
+                    "type": "string",
+                    "format": "binary",
+                    "description": "one record: the body is its value, the Logbus-Key header "
+                    "its key (optional)",
+                },
+                "example": "any bytes, such as a file (curl --data-binary @file)",
+            },
         },
     }
 }
@@ -112,9 +121,20 @@ IdempotencyKey = Annotated[
     ),
 ]
 
+RecordKey = Annotated[
+    str | None,
+    Header(
+        alias="Logbus-Key",
+        description="application/octet-stream: the record's key (its bytes as sent)",
+    ),
+]
+
 Acks = Annotated[
     str | None,
-    Query(description="0: no wait; 1: written to the log; all (default): durable (fsync)"),
+    Query(
+        description="0: no wait; 1: written to the log; all (default, or -1): durable (fsync)",
+        json_schema_extra={"enum": ["0", "1", "all", "-1"]},  # checked by Acks.parse (its code)
+    ),
 ]
 
 
@@ -156,6 +176,7 @@ async def produce_records(
     state: StateDep,
     acks: Acks = None,
     idempotency_key: IdempotencyKey = None,
+    record_key: RecordKey = None,
 ) -> Response:
     return await _produce(state, request, topic, None)
 
@@ -174,6 +195,7 @@ async def produce_partition_records(
     state: StateDep,
     acks: Acks = None,
     idempotency_key: IdempotencyKey = None,
+    record_key: RecordKey = None,
     producer_id: Annotated[
         str | None,
         Header(
@@ -240,7 +262,10 @@ async def fetch_records(
     wait_ms: Annotated[
         int | None, Query(ge=0, le=OFFSET_MAX, description="long-poll up to this long"), Digits
     ] = None,
-    isolation: Annotated[str | None, Query(examples=["read_uncommitted"])] = None,
+    isolation: Annotated[
+        Literal["read_uncommitted", "read_committed"] | None,
+        Query(examples=["read_uncommitted"]),
+    ] = None,
 ) -> Response:
     accept = request.headers.get("accept")
     if streams.wants_sse(accept):

@@ -125,7 +125,8 @@ def test_largest_commit_offset_is_accepted(http: httpx.Client, topic: str) -> No
     "body",
     [
         {"partitions": "3"},
-        {"partitions": 3.0},
+        {"partitions": 3.5},
+        {"partitions": True},
         {"replication_factor": "1"},
         {"configs": {"max.message.bytes": 0}},
         {"configs": {"retention.ms": "1_000"}},
