@@ -20,6 +20,7 @@ from .fastpath import FastPath
 from .guard import BrowserPolicy
 from .loop_lag import LoopLagProbe
 from .metrics import Metrics
+from .params import NAME_PATTERN, UINT_PATTERN
 from .problems import PROBLEM_JSON
 from .routes import cluster, groups, producers, records, topics, ws
 from .routes.common import errors as errors_doc
@@ -85,6 +86,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             responses = op.get("responses", {})
             if responses.pop("422", None) is not None:
                 responses.setdefault("400", {k: v for k, v in bad_request.items() if k != "model"})
+    _document_names(schema)
+    _document_limits(schema, app.state.settings)
     components = schema.get("components", {}).get("schemas", {})
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
@@ -92,8 +95,80 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         doc = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(doc.pop("$defs", {}))
         components[model.__name__] = doc
+    _exact_int_bounds(schema)
     app.openapi_schema = schema
     return schema
+
+
+# What the broker enforces on names in paths, put in the document (see api.params.NameStr).
+_NAMED_PARAMS = {"topic": NAME_PATTERN, "group": NAME_PATTERN}
+
+
+def _document_names(schema: dict[str, Any]) -> None:
+    for ops in schema["paths"].values():
+        for op in ops.values():
+            for param in op.get("parameters", []):
+                pattern = _NAMED_PARAMS.get(param["name"])
+                if param["in"] == "path" and pattern is not None:
+                    param["schema"].update(pattern=pattern, minLength=1, maxLength=249)
+
+
+def _document_limits(schema: dict[str, Any], settings: Settings) -> None:
+    """The bounds this broker's settings put on fetch and poll parameters; a fetch needs an
+    offset (an SSE stream may give it as Last-Event-ID instead)."""
+    maxima = {
+        "max_bytes": settings.max_fetch_bytes,
+        "min_bytes": settings.max_fetch_bytes,
+        "max_records": settings.max_fetch_records,
+        "wait_ms": settings.max_wait_ms,
+    }
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            for param in op.get("parameters", []):
+                _drop_null(param)
+                if param["in"] == "header" and param["name"] in _HEADER_PATTERNS:
+                    param["schema"]["pattern"] = _HEADER_PATTERNS[param["name"]]
+                high = maxima.get(param["name"])
+                if param["in"] == "query" and high is not None:
+                    for alt in param["schema"].get("anyOf", [param["schema"]]):
+                        if alt.get("type") == "integer":
+                            alt["maximum"] = high
+                if path.endswith("/records") and method == "get" and param["name"] == "offset":
+                    param["required"] = True
+
+
+def _exact_int_bounds(node: Any) -> None:
+    """Integer bounds as integers: pydantic writes ``le=2**63 - 1`` as the double
+    9.223372036854776e18, which is 2^63, so a validator took 2^63+191 for a valid offset."""
+    if isinstance(node, dict):
+        if node.get("type") == "integer":
+            for key in ("minimum", "maximum"):
+                value = node.get(key)
+                if isinstance(value, float):
+                    node[key] = 2**63 - 1 if value >= 2.0**63 else int(value)
+        for value in node.values():
+            _exact_int_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            _exact_int_bounds(value)
+
+
+_HEADER_PATTERNS = {
+    "Logbus-Producer-Id": UINT_PATTERN,
+    "Logbus-Producer-Epoch": UINT_PATTERN,
+    "Logbus-Sequence": UINT_PATTERN,
+    "Idempotency-Key": "^[\\x21-\\x7e]{1,255}$",
+}
+
+
+def _drop_null(param: dict[str, Any]) -> None:
+    """An optional parameter is absent, never the text "null": no null alternative."""
+    alternatives = param["schema"].get("anyOf")
+    if param["in"] in ("query", "header") and alternatives:
+        kept = [a for a in alternatives if a.get("type") != "null"]
+        if len(kept) == 1:
+            del param["schema"]["anyOf"]
+            param["schema"].update(kept[0])
 
 
 @asynccontextmanager

@@ -72,9 +72,7 @@ class FastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.policy is not None and scope["type"] in ("http", "websocket"):
-            verdict = self.policy.check(
-                scope["type"], scope.get("method", "GET"), guard.headers_of(scope)
-            )
+            verdict = self.policy.check_scope(scope)
             if verdict.status:
                 await guard.refuse(scope, send, verdict)
                 return

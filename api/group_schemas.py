@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field
 
-from api.params import OFFSET_MAX, PARTITION_MAX
+from api.params import OFFSET_MAX, PARTITION_MAX, CheckedName, JsonInt, NameStr
 from cluster.coordinator import MAX_METADATA_CHARS, MAX_OFFSETS_PER_COMMIT
 from cluster.group import (
     MAX_TOPICS_PER_MEMBER,
@@ -31,11 +31,11 @@ class MemberJoin(BaseModel):
             "examples": [{"topics": ["orders"], "session_timeout_ms": 10000, "client_id": "app"}]
         },
     )
-    topics: list[str] = Field(min_length=1, max_length=MAX_TOPICS_PER_MEMBER)
-    session_timeout_ms: StrictInt = Field(
+    topics: list[NameStr] = Field(min_length=1, max_length=MAX_TOPICS_PER_MEMBER)
+    session_timeout_ms: JsonInt = Field(
         SESSION_TIMEOUT_MS_DEFAULT, ge=SESSION_TIMEOUT_MS_MIN, le=SESSION_TIMEOUT_MS_MAX
     )
-    rebalance_timeout_ms: StrictInt = Field(
+    rebalance_timeout_ms: JsonInt = Field(
         REBALANCE_TIMEOUT_MS_DEFAULT,
         ge=SESSION_TIMEOUT_MS_MIN,
         le=SESSION_TIMEOUT_MS_MAX,
@@ -79,9 +79,9 @@ class MemberAssignment(BaseModel):
 
 class OffsetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    topic: str
-    partition: StrictInt = Field(ge=0, le=PARTITION_MAX)
-    offset: StrictInt = Field(
+    topic: NameStr
+    partition: JsonInt = Field(ge=0, le=PARTITION_MAX)
+    offset: JsonInt = Field(
         ge=0, le=OFFSET_MAX, description="the next offset to read (Kafka's convention)"
     )
     metadata: str = Field("", max_length=MAX_METADATA_CHARS)
@@ -101,7 +101,7 @@ class OffsetCommit(BaseModel):
         },
     )
     member_id: str | None = Field(None, description="omit only for a group with no members")
-    generation: StrictInt | None = Field(None, ge=-1, le=2**31 - 1)
+    generation: JsonInt | None = Field(None, ge=-1, le=2**31 - 1)
     offsets: list[OffsetIn] = Field(min_length=1, max_length=MAX_OFFSETS_PER_COMMIT)
 
 
@@ -136,17 +136,34 @@ class OffsetReset(BaseModel):
                 {"to": "earliest", "topics": ["orders"]},
                 {"to": "timestamp", "timestamp": 1700000000000, "topics": ["orders"]},
                 {"to": "offsets", "offsets": [{"topic": "orders", "partition": 0, "offset": 7}]},
-            ]
+            ],
+            # What the handler checks: each target names what it needs.
+            "allOf": [
+                {
+                    "if": {"properties": {"to": {"const": "offsets"}}},
+                    "then": {
+                        "required": ["offsets"],
+                        "properties": {"offsets": {"type": "array", "minItems": 1}},
+                    },
+                },
+                {
+                    "if": {"properties": {"to": {"const": "timestamp"}}},
+                    "then": {
+                        "required": ["timestamp"],
+                        "properties": {"timestamp": {"type": "integer"}},
+                    },
+                },
+            ],
         },
     )
     to: Literal["earliest", "latest", "timestamp", "offsets"]
-    topics: list[str] | None = Field(
+    topics: list[CheckedName] | None = Field(
         None,
         max_length=1000,
         description="every partition of these topics (earliest/latest/"
         "timestamp); default: the topics the group has offsets for",
     )
-    timestamp: StrictInt | None = Field(
+    timestamp: JsonInt | None = Field(
         None, ge=0, le=OFFSET_MAX, description="with to=timestamp, in ms"
     )
     offsets: list[OffsetIn] | None = Field(None, max_length=MAX_OFFSETS_PER_COMMIT)

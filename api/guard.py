@@ -58,6 +58,17 @@ CORS_EXPOSE = (
     "Logbus-Lag, Logbus-Duplicate, Logbus-Record-Count, Logbus-Generation, Logbus-Rebalance"
 )
 CORS_MAX_AGE_S = 600  # browsers cap it (Chromium: 2 h); 10 min re-checks a changed allow-list
+HOST_CACHE_MAX = 256  # distinct Host values remembered (a client sends the same one each time)
+_WANTED = frozenset(
+    {
+        b"host",
+        b"origin",
+        b"content-type",
+        b"content-length",
+        b"transfer-encoding",
+        b"access-control-request-method",
+    }
+)
 CLOSE_FORBIDDEN = 4403  # a WebSocket refused before accept: the client sees HTTP 403
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -119,14 +130,29 @@ class BrowserPolicy:
         origins = [o.strip().rstrip("/").lower() for o in allowed_origins if o.strip()]
         self.any_origin = "*" in origins
         self.origins = set(origins)
+        self._seen: dict[str, bool] = {}  # Host header → allowed (parsing one costs ~2 µs)
+
+    def check_scope(self, scope: Scope) -> Verdict:
+        """:meth:`check` for an ASGI scope, reading only the headers it needs."""
+        wanted: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            if name in _WANTED:
+                wanted[name.decode()] = value.decode("latin-1")
+        return self.check(scope["type"], scope.get("method", "GET"), wanted)
 
     def host_allowed(self, host: str | None) -> bool:
         if self.any_host:
             return True
         if not host:
             return False
-        parsed = split_host(host)
-        return parsed is not None and _authority(*parsed) in self.hosts
+        known = self._seen.get(host)
+        if known is None:
+            parsed = split_host(host)
+            known = parsed is not None and _authority(*parsed) in self.hosts
+            if len(self._seen) >= HOST_CACHE_MAX:
+                self._seen.clear()
+            self._seen[host] = known
+        return known
 
     def origin_kind(self, origin: str, host: str | None) -> str:
         """``same`` (this broker's own origin), ``cors`` (allowed) or ``refused``."""
@@ -155,7 +181,7 @@ class BrowserPolicy:
             kind_ = media_type(headers.get("content-type"))
             if kind_ not in BODY_TYPES:
                 return Verdict(415, _untyped_body(kind_), cors)
-        return Verdict(0, None, cors)
+        return Verdict(0, None, cors) if cors else PASS
 
 
 def media_type(raw: str | None) -> str:
@@ -239,10 +265,6 @@ def _untyped_body(kind: str) -> LogbusError:
         code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         supported=list(BODY_TYPES),
     )
-
-
-def headers_of(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
 async def refuse(scope: Scope, send: Send, verdict: Verdict) -> None:

@@ -17,7 +17,7 @@ import re
 from typing import Annotated, Any
 
 from fastapi import Path
-from pydantic import BeforeValidator, Field, StrictInt
+from pydantic import BeforeValidator, StringConstraints, WithJsonSchema
 
 from .problems import bad_request
 
@@ -54,7 +54,26 @@ Digits = BeforeValidator(_digits)
 
 PartitionPath = Annotated[int, Path(ge=0, le=PARTITION_MAX, description="partition number"), Digits]
 
-# Body integers: JSON numbers only ("3" is not 3), within int64.
-BodyInt = StrictInt
-OffsetInt = Annotated[StrictInt, Field(ge=0, le=OFFSET_MAX)]
-PartitionInt = Annotated[StrictInt, Field(ge=0, le=PARTITION_MAX)]
+
+def _json_number(value: Any) -> Any:
+    """A body integer is a JSON number: "3" (text) and true are not 3; 3.0 is (JSON Schema)."""
+    if isinstance(value, str | bool):
+        raise ValueError("must be a JSON number, not text or a boolean")
+    return value
+
+
+# Body integers: pydantic's lax int, minus text and booleans.
+JsonInt = Annotated[int, BeforeValidator(_json_number)]
+
+# Names as the broker checks them (topics, groups). The document carries the pattern; the
+# broker's own check answers a bad name with its Kafka code (INVALID_TOPIC_EXCEPTION, ...).
+NAME_PATTERN = "^[a-zA-Z0-9._-]{1,249}$"
+NAME_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "pattern": NAME_PATTERN,
+    "minLength": 1,
+    "maxLength": 249,
+}
+NameStr = Annotated[str, WithJsonSchema(NAME_SCHEMA)]
+# A name the request itself is checked against (where no Kafka code is at stake).
+CheckedName = Annotated[str, StringConstraints(pattern=NAME_PATTERN, min_length=1, max_length=249)]

@@ -6,12 +6,34 @@ only describe the bodies in the OpenAPI document.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.config import JsonDict
 
+from core_log.config import KEYS_BY_NAME
+
+from .params import JsonInt, NameStr
+
 ConfigValue = str | int | float | bool
+
+
+def config_schema(nullable: bool) -> dict[str, Any]:
+    """Topic configs as the broker checks them: known keys only, each with its type and range
+    (integers may also be sent as decimal text, as Kafka tools do)."""
+    props: dict[str, Any] = {}
+    for name, key in KEYS_BY_NAME.items():
+        one: dict[str, Any]
+        if key.kind is bool:
+            one = {"type": "boolean"}
+        elif key.kind is str:
+            one = {"type": "string", "enum": list(key.choices)}
+        else:
+            one = {"type": "integer" if key.kind is int else "number"}
+            one.update(minimum=key.low, maximum=key.high)
+        props[name] = {"anyOf": [one, {"type": "null"}]} if nullable else one
+    return {"type": "object", "properties": props, "additionalProperties": False}
+
 
 _PARTITION_EXAMPLE: JsonDict = {
     "partition": 0,
@@ -40,10 +62,12 @@ class TopicCreate(BaseModel):
             "examples": [{"name": "orders", "partitions": 3, "configs": {"retention.ms": 86400000}}]
         },
     )
-    name: str = Field(description="1..249 of [a-zA-Z0-9._-], not '.' or '..'")
-    partitions: StrictInt = Field(1, ge=1, le=10_000)
-    replication_factor: StrictInt = Field(1, ge=1, le=16)
-    configs: dict[str, ConfigValue] = Field(default_factory=dict, max_length=100)
+    name: NameStr = Field(description="1..249 of [a-zA-Z0-9._-], not '.' or '..'")
+    partitions: JsonInt = Field(1, ge=1, le=10_000)
+    replication_factor: JsonInt = Field(1, ge=1, le=16)
+    configs: Annotated[dict[str, ConfigValue], WithJsonSchema(config_schema(False))] = Field(
+        default_factory=dict, max_length=100
+    )
 
 
 class PartitionPublic(BaseModel):
@@ -111,21 +135,21 @@ class ConfigsPatch(BaseModel):
             "examples": [{"configs": {"retention.ms": 3600000, "segment.bytes": None}}]
         },
     )
-    configs: dict[str, ConfigValue | None] = Field(
+    configs: Annotated[dict[str, ConfigValue | None], WithJsonSchema(config_schema(True))] = Field(
         max_length=100, description="new values; null resets a key to its default"
     )
 
 
 class PartitionsIncrease(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"count": 6}]})
-    count: StrictInt = Field(ge=1, le=10_000, description="the new total number of partitions")
+    count: JsonInt = Field(ge=1, le=10_000, description="the new total number of partitions")
 
 
 class ProducerInit(BaseModel):
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"examples": [{}, {"transactional_id": "orders-app-1"}]}
     )
-    transactional_id: str | None = Field(
+    transactional_id: NameStr | None = Field(
         None,
         description="a stable name: re-initialising it bumps the epoch and fences older sessions",
     )

@@ -80,7 +80,27 @@ def test_record_paths_are_documented(spec: dict[str, Any]) -> None:
         "application/json",
         "application/x-ndjson",
         "application/vnd.logbus.batch",
+        "application/octet-stream",
     }
+    assert "Logbus-Key" in {p["name"] for p in produce["parameters"]}
     fetch = paths["/v1/topics/{topic}/partitions/{partition}/records"]["get"]
     names = {p["name"] for p in fetch["parameters"]}
     assert {"offset", "max_bytes", "max_records", "min_bytes", "wait_ms"} <= names
+    by_name = {p["name"]: p for p in fetch["parameters"]}
+    assert by_name["offset"]["required"] is True
+    partition = by_name["partition"]["schema"]
+    assert (partition["minimum"], partition["maximum"]) == (0, 2**31 - 1)
+    assert by_name["topic"]["schema"]["pattern"] == "^[a-zA-Z0-9._-]{1,249}$"
+
+
+def test_names_and_ranges_the_server_enforces_are_documented(spec: dict[str, Any]) -> None:
+    schemas = spec["components"]["schemas"]
+    create = schemas["TopicCreate"]["properties"]
+    assert create["name"]["pattern"] == "^[a-zA-Z0-9._-]{1,249}$"
+    assert create["partitions"]["maximum"] == 10_000
+    segment = create["configs"]["properties"]["segment.bytes"]
+    assert segment["type"] == "integer" and segment["minimum"] == 14
+    assert create["configs"]["additionalProperties"] is False
+    offset = schemas["OffsetIn"]["properties"]["offset"]
+    assert offset["minimum"] == 0 and offset["maximum"] == 2**63 - 1
+    assert isinstance(offset["maximum"], int)  # a double would be 2^63

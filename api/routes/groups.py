@@ -12,7 +12,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from cluster.assignor import TopicPartition
-from cluster.coordinator import Coordinator
+from cluster.coordinator import Coordinator, validate_group_id
 from core_log.errors import ErrorCode, LogbusError
 
 from .. import streams
@@ -198,6 +198,7 @@ async def get_offsets(group: str, coordinator: CoordinatorDep) -> GroupOffsets:
 )
 async def reset_offsets(group: str, body: OffsetReset, state: StateDep) -> GroupOffsets:
     coordinator = state.coordinator
+    validate_group_id(group)  # a bad name is 400 before any offset is looked at
     targets = await _reset_targets(state, group, body)
     await coordinator.reset(group, targets)
     return _offsets(coordinator, group, set(targets))
@@ -225,6 +226,7 @@ async def _reset_targets(state: Any, group: str, body: OffsetReset) -> dict[Topi
         raise bad_request("to=timestamp needs timestamp (ms)")
     topics = body.topics or sorted({t for t, _ in state.coordinator.committed(group)})
     if not topics:
+        state.coordinator.require_known(group)  # 404 for a group that does not exist
         raise bad_request("the group has no offsets; name the topics to reset")
     out = {}
     for topic in topics:

@@ -80,6 +80,15 @@ _PRODUCE_BODY: dict[str, Any] = {
                     "description": "Kafka record batches v2, back to back (partition path only)",
                 },
             },
+            records.OCTETS: {
+                "schema": {
+                    "type": "string",
+                    "format": "binary",
+                    "description": "one record: the body is its value, the Logbus-Key header "
+                    "its key (optional)",
+                },
+                "example": "any bytes, such as a file (curl --data-binary @file)",
+            },
         },
     }
 }
@@ -112,9 +121,20 @@ IdempotencyKey = Annotated[
     ),
 ]
 
+RecordKey = Annotated[
+    str | None,
+    Header(
+        alias="Logbus-Key",
+        description="application/octet-stream: the record's key (its bytes as sent)",
+    ),
+]
+
 Acks = Annotated[
     str | None,
-    Query(description="0: no wait; 1: written to the log; all (default): durable (fsync)"),
+    Query(
+        description="0: no wait; 1: written to the log; all (default, or -1): durable (fsync)",
+        json_schema_extra={"enum": ["0", "1", "all", "-1"]},  # checked by Acks.parse (its code)
+    ),
 ]
 
 
@@ -156,6 +176,7 @@ async def produce_records(
     state: StateDep,
     acks: Acks = None,
     idempotency_key: IdempotencyKey = None,
+    record_key: RecordKey = None,
 ) -> Response:
     return await _produce(state, request, topic, None)
 
@@ -174,6 +195,7 @@ async def produce_partition_records(
     state: StateDep,
     acks: Acks = None,
     idempotency_key: IdempotencyKey = None,
+    record_key: RecordKey = None,
     producer_id: Annotated[
         str | None,
         Header(

@@ -7,7 +7,6 @@ Each case here was a 5xx (a plain-text 500, or a reset connection) or was accept
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -125,7 +124,8 @@ def test_largest_commit_offset_is_accepted(http: httpx.Client, topic: str) -> No
     "body",
     [
         {"partitions": "3"},
-        {"partitions": 3.0},
+        {"partitions": 3.5},
+        {"partitions": True},
         {"replication_factor": "1"},
         {"configs": {"max.message.bytes": 0}},
         {"configs": {"retention.ms": "1_000"}},
@@ -191,34 +191,6 @@ def test_produce_without_content_type_is_415(http: httpx.Client, topic: str) -> 
         r = post(http, path, b'{"records":[{"value":1}]}', None)
         assert_problem(r, 415, "UNSUPPORTED_MEDIA_TYPE")
     assert end_offsets(http, topic) == [1, 1]
-
-
-# -- NDJSON cost -------------------------------------------------------------------------------
-
-
-def test_one_long_ndjson_line_streams_in_linear_time(http: httpx.Client) -> None:
-    """One 16 MiB line sent in 4 KiB chunks: joining the line at every chunk was quadratic
-    (a 60 MiB line took 7.1 s); now it is joined once. The bound is loose (noisy machine);
-    the quadratic version takes about a minute here."""
-    name = create_topic(http, "longline", configs={"max.message.bytes": 32 * 1024 * 1024})
-    value = b'"' + b"x" * (16 * 1024 * 1024) + b'"'
-    line = b'{"value":' + value + b"}\n"
-
-    def chunks() -> Iterator[bytes]:
-        for i in range(0, len(line), 4096):
-            yield line[i : i + 4096]
-
-    started = time.monotonic()
-    r = http.post(
-        f"/v1/topics/{name}/partitions/0/records",
-        content=chunks(),
-        headers={"content-type": NDJSON},
-        timeout=120,
-    )
-    elapsed = time.monotonic() - started
-    assert r.status_code == 200, r.text
-    assert elapsed < 20, elapsed
-    assert end_offsets(http, name) == [1]
 
 
 # -- Idempotency-Key ---------------------------------------------------------------------------
