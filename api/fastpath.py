@@ -107,7 +107,7 @@ class FastPath:
         except ClientDisconnected:
             return
         except LogbusError as e:
-            reply = records.Reply(e.code.http_status, problem_bytes(e), PROBLEM_JSON)
+            reply = records.Reply(e.http_status, problem_bytes(e), PROBLEM_JSON)
         except Exception:
             log.exception("unexpected error on %s %s", method, scope["path"])
             internal = LogbusError("internal error", code=ErrorCode.UNKNOWN_SERVER_ERROR)

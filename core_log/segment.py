@@ -26,8 +26,10 @@ from .batch import (
     LOG_OVERHEAD,
     MAGIC,
     BatchHeader,
-    decode_records,
+    Record,
+    records_section,
     validate_batch,
+    walk_records,
 )
 from .errors import CorruptRecordError, KafkaStorageError
 from .handles import Handle, HandleCache, RetiredHandleError
@@ -271,7 +273,7 @@ class LogSegment:
                     return None
                 if h2.max_timestamp >= timestamp:
                     data = os.pread(fd, h2.size_bytes, position)
-                    for record in decode_records(data):
+                    for record in _readable_records(data, h2):
                         if record.timestamp >= timestamp and record.offset >= min_offset:
                             return record.offset
                 position += h2.size_bytes
@@ -457,3 +459,15 @@ class LogSegment:
         self.log_path.unlink(missing_ok=True)
         self.offset_index.delete()
         self.time_index.delete()
+
+
+def _readable_records(data: bytes, h: BatchHeader) -> list[Record]:
+    """The records of the batch ``data`` a timestamp lookup can use: one unreadable record
+    (stored before produce checked what it checks now, or corrupt) must not fail every lookup
+    on its partition, so the walk's fault ends the list instead of raising."""
+    try:
+        section = records_section(data, h)
+    except CorruptRecordError:
+        return []
+    records, _ = walk_records(h, section, check_timestamps=False)
+    return records

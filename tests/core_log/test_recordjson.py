@@ -15,7 +15,7 @@ from api.records_codec import record_to_json
 from core_log import recordjson
 from core_log.batch import RECORDS_OFFSET, Record, build_batch, iter_records
 from core_log.compression import Compression
-from core_log.errors import CorruptRecordError
+from core_log.errors import CorruptRecordError, UnreadableRecordError
 from core_log.recordjson import MAX_DEPTH, encode_json, encode_section_py, is_json_py
 
 pytestmark = pytest.mark.skipif(
@@ -239,12 +239,28 @@ def test_validator_cases(raw: bytes, ok: bool) -> None:
 # -- corrupt input ---------------------------------------------------------------------------
 
 
+def read_all(enc: Any, data: bytes) -> list[tuple[Any, ...]]:
+    """What a consumer that skips unreadable records sees, reading from 0 to the end."""
+    trace: list[tuple[Any, ...]] = []
+    start = 0
+    for _ in range(1_000):
+        try:
+            body, count, last = encode_json(data, start, 10_000, encoder=enc)
+        except UnreadableRecordError as e:
+            assert e.next_offset > e.offset >= start
+            trace.append(("unreadable", e.offset, e.next_offset, e.retriable, e.http_status))
+            start = e.next_offset
+            continue
+        if count == 0:
+            return trace
+        trace.append(("records", body, count, last))
+        start = last + 1
+    raise AssertionError("a consumer that skips unreadable records never got to the end")
+
+
 def verdict(enc: Any, data: bytes) -> str:
-    try:
-        encode_json(data, 0, 10_000, encoder=enc)
-    except CorruptRecordError:
-        return "corrupt"
-    return "ok"
+    trace = read_all(enc, data)
+    return "corrupt" if any(t[0] == "unreadable" for t in trace) else "ok"
 
 
 @settings(max_examples=300, deadline=None)
@@ -261,7 +277,8 @@ def test_corrupt_records_raise_in_both(rs: list[Record], data: st.DataObject) ->
         head = bytearray(batch[:RECORDS_OFFSET])
         head[8:12] = (RECORDS_OFFSET - 12 + cut).to_bytes(4, "big")
         bad = bytes(head) + bytes(batch[RECORDS_OFFSET : RECORDS_OFFSET + cut])
-        assert verdict(C, bad) == verdict(PY, bad) == "corrupt"
+        assert read_all(C, bad) == read_all(PY, bad)
+        assert verdict(C, bad) == "corrupt"
         return
     if kind == "garbage":  # random bytes in place of the records
         body = data.draw(st.binary(min_size=1, max_size=section_len))
@@ -272,10 +289,7 @@ def test_corrupt_records_raise_in_both(rs: list[Record], data: st.DataObject) ->
         at = data.draw(st.integers(RECORDS_OFFSET, len(batch) - 1))
         batch[at] = data.draw(st.integers(0, 255))
         bad = bytes(batch)
-    c, py = verdict(C, bad), verdict(PY, bad)
-    assert c == py
-    if c == "ok":
-        assert encode_json(bad, 0, 10_000, encoder=C) == encode_json(bad, 0, 10_000, encoder=PY)
+    assert read_all(C, bad) == read_all(PY, bad)
 
 
 @pytest.mark.parametrize("enc", [C, PY], ids=["c", "py"])
@@ -292,10 +306,16 @@ def test_corrupt_compressed_and_codec(enc: Any) -> None:
 
 @pytest.mark.parametrize("enc", [C, PY], ids=["c", "py"])
 def test_wrong_record_count_raises(enc: Any) -> None:
-    batch = bytearray(build_batch([Record(b"1"), Record(b"2")]))
+    """The records before the fault are served; reading on from the fault raises, naming the
+    offset, not retriable, and where to skip to (past the batch: its bytes are unreadable)."""
+    batch = bytearray(build_batch([Record(b"1"), Record(b"2")], last_offset_delta=2))
     batch[57:61] = (3).to_bytes(4, "big")  # claims 3 records
-    with pytest.raises(CorruptRecordError):
-        encode_json(bytes(batch), 0, 10, encoder=enc)
+    assert encode_json(bytes(batch), 0, 10, encoder=enc)[1:] == (2, 1)
+    with pytest.raises(UnreadableRecordError) as e:
+        encode_json(bytes(batch), 2, 10, encoder=enc)
+    assert (e.value.offset, e.value.next_offset, e.value.retriable) == (2, 3, False)
     batch[57:61] = (1).to_bytes(4, "big")  # claims 1: trailing bytes
-    with pytest.raises(CorruptRecordError):
-        encode_json(bytes(batch), 0, 10, encoder=enc)
+    assert encode_json(bytes(batch), 0, 10, encoder=enc)[1:] == (1, 0)
+    with pytest.raises(UnreadableRecordError) as e:
+        encode_json(bytes(batch), 1, 10, encoder=enc)
+    assert (e.value.offset, e.value.next_offset) == (1, 3)
