@@ -239,8 +239,69 @@ static size_t json_string(const uint8_t *s, size_t i, size_t n) {
 
 #define IS_DIGIT(c) ((c) >= '0' && (c) <= '9')
 
+/* A number a double cannot hold is not a JSON value for us: JavaScript's JSON.parse turns
+ * 1e999 into Infinity, orjson and many parsers reject it. A decimal overflows a double iff
+ * its magnitude is at least 2^1024 - 2^970 (the midpoint between DBL_MAX and 2^1024: it rounds
+ * up), whose 309 digits are OVERFLOW_DIGITS. Compared digit by digit; no floating point, no
+ * locale, no GIL. Underflow (1e-999 -> 0) is a value. */
+static const char OVERFLOW_DIGITS[] =
+    "17976931348623158079372897140530341507993413271003782693617377898044496829276475"
+    "09466490179775872070963302864166928879109465555478519404026306574886715058206819"
+    "08902000708383676273854845817711531764475730270069855571366959622842914819860834"
+    "936475292719074168444365510704342711559699508093042880177904174497792";
+
+static int number_overflows(const uint8_t *s, size_t i, size_t n) {
+    if (s[i] == '-') i++;
+    size_t int_start = i;
+    while (i < n && IS_DIGIT(s[i])) i++;
+    size_t int_end = i, frac_start = i, frac_end = i;
+    if (i < n && s[i] == '.') {
+        frac_start = ++i;
+        while (i < n && IS_DIGIT(s[i])) i++;
+        frac_end = i;
+    }
+    int64_t exp = 0;
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        int neg = 0;
+        if (s[i] == '+' || s[i] == '-') neg = s[i++] == '-';
+        for (; i < n && IS_DIGIT(s[i]); i++)
+            if (exp < 1000000000) exp = exp * 10 + (s[i] - '0'); /* saturates: far past 309 */
+        if (neg) exp = -exp;
+    }
+    /* the significant digits, integer part then fraction, and the decimal exponent e10 with
+     * |value| = 0.<digits> x 10^e10 */
+    size_t k = int_start;
+    int64_t e10 = (int64_t)(int_end - int_start);
+    while (k < int_end && s[k] == '0') { k++; e10--; }
+    if (k == int_end) { /* no non-zero integer digit: skip the fraction's leading zeros */
+        k = frac_start;
+        while (k < frac_end && s[k] == '0') { k++; e10--; }
+        if (k == frac_end) return 0; /* zero */
+    }
+    e10 += exp;
+    if (e10 != 309) return e10 > 309;
+    /* same magnitude: compare the digits with OVERFLOW_DIGITS */
+    size_t d = 0, p = k;
+    int in_int = k < int_end;
+    for (;;) {
+        if (in_int && p == int_end) {
+            in_int = 0;
+            p = frac_start;
+        }
+        if (!in_int && p >= frac_end) break;
+        char c = OVERFLOW_DIGITS[d];
+        if (c == 0) return 1; /* the threshold's digits, then more: at least the threshold */
+        if ((char)s[p] != c) return (char)s[p] > c;
+        d++;
+        p++;
+    }
+    return OVERFLOW_DIGITS[d] == 0; /* equal to the threshold: rounds up to infinity */
+}
+
 /* A number starting at s[i] ('-' or a digit); the position after it, or 0 if invalid. */
 static size_t json_number(const uint8_t *s, size_t i, size_t n) {
+    size_t start = i;
     if (s[i] == '-') i++;
     if (i >= n) return 0;
     if (s[i] == '0') {
@@ -261,7 +322,7 @@ static size_t json_number(const uint8_t *s, size_t i, size_t n) {
         if (i >= n || !IS_DIGIT(s[i])) return 0;
         while (i < n && IS_DIGIT(s[i])) i++;
     }
-    return i;
+    return number_overflows(s, start, i) ? 0 : i;
 }
 
 /* An object key and its colon at s[i]; the position of the value after it, or 0. */

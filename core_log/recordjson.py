@@ -13,31 +13,38 @@ JSON fetch went from ≈ 0.27 M to ≈ 1.5-1.9 M records/s (wrk, 4 connections, 
 WebSocket JSON push from ≈ 0.22 M to ≈ 0.42-0.47 M records/s (client-bound; broker CPU
 4.55 → 0.75-0.85 µs a record).
 
-Each object is byte for byte what ``orjson.dumps`` writes for ``record_to_json(record)`` with
-``extra`` (raw JSON members, e.g. ``b',"topic":"t","partition":0'``) appended inside it::
+Each object is what ``api.records_codec.record_to_json`` (the CLI's path, for Record
+objects) gives through ``orjson.dumps``, with ``extra`` (raw JSON members, e.g.
+``b',"topic":"t","partition":0'``) appended inside it; fetch, NDJSON, SSE, WebSocket and member
+polls all render through :func:`encode_json`::
 
     {"offset":7,"timestamp":1700000000000,"key":"k"|null,"value":<raw JSON>|null,
      "headers":[{"name":"h","value":"v"}]}
 
 A key or header value that is not UTF-8 becomes ``key_b64``/``value_b64``; a value that is not
-one strict JSON text (:func:`is_json`) becomes ``value_b64``.
+one JSON text by the one rule (:func:`is_json`) becomes ``value_b64``.
 
-Where :func:`is_json` differs from ``orjson.loads`` (on purpose, per RFC 8259): it accepts
-numbers of any size (``1e999``, 30-digit integers; orjson rejects infinities) and rejects
-nesting deeper than ``MAX_DEPTH`` (512; orjson allows 1024). Like orjson it rejects lone
-surrogate escapes (``"\\ud800"``), NaN/Infinity, invalid UTF-8, a BOM and trailing garbage.
+The one rule, :func:`is_json`: strict RFC 8259 (no NaN/Infinity, no lone surrogate escape,
+valid UTF-8, no BOM, nothing after the value), nesting at most ``MAX_DEPTH`` (512) deep, and no
+number a double cannot hold (``1e999``, ``-1e999``, a 310-digit integer: JSON.parse makes them
+Infinity and orjson refuses them, so a client could not read the answer). The C validator
+decides overflow by comparing digits with 2^1024 - 2^970 (the smallest magnitude that rounds
+to infinity); the twin asks Python's correctly rounded ``float``.
 
-The pure-Python twin (:func:`encode_section_py`, used when the extension was not built, and by
-the tests as the reference) gives the same bytes. Two knowing differences, on
-corrupt data only: C stops reading a batch once it has ``max_records`` records (the twin
-decodes the whole batch, so corruption after the cut raises only there), and the messages
-differ. Both raise ``CorruptRecordError`` where an offset or timestamp would overflow 64 bits.
+Records are walked by the one record walk (``_recordwalk.h``; twin
+:func:`core_log.batch.walk_records`), so a record produce accepted always renders. A stored
+record it rejects (old data, corruption) ends an answer before it; asked for first, it raises
+:class:`~core_log.errors.UnreadableRecordError` with its offset and where to read on.
+
+The pure-Python twin (:func:`encode_section_py`, used when the extension was deliberately not
+built, and by the tests as the reference) gives the same bytes and the same faults.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -93,8 +100,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _ignore(_text: str) -> None:
-    return None
+def _finite(text: str) -> None:
+    """A number a double can hold (Python's float rounds exactly as the C comparison does)."""
+    if math.isinf(float(text)):
+        raise ValueError(f"{text[:20]} overflows a double")
 
 
 def is_json_py(raw: bytes | memoryview) -> bool:
@@ -105,8 +114,8 @@ def is_json_py(raw: bytes | memoryview) -> bool:
             text,
             object_pairs_hook=_Pairs,
             parse_constant=_reject_constant,
-            parse_int=_ignore,
-            parse_float=_ignore,
+            parse_int=_finite,
+            parse_float=_finite,
         )
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
         return False
