@@ -18,6 +18,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -26,8 +27,7 @@ import orjson
 from cluster.broker import Broker
 from cluster.coordinator import Coordinator, Fetched
 from cluster.group import Reconciled
-from core_log.batch import Record
-from core_log.errors import LogbusError, OffsetOutOfRangeError
+from core_log.errors import LogbusError, OffsetOutOfRangeError, UnreadableRecordError
 from core_log.recordjson import encode_json
 
 from .problems import bad_request, problem_body
@@ -35,25 +35,26 @@ from .records import (
     JSON,
     NDJSON,
     Reply,
-    decode_from,
     int_param,
     media_type,
     next_offset_after,
 )
-from .records_codec import record_to_json
 from .settings import Settings
 
 SSE = "text/event-stream"
 KEEPALIVE_S = 15.0
 SSE_READ_BYTES = 256 * 1024
 SSE_RETRY_MS = 1_000
+# A member's SSE stream whose only readable data is stuck at unreadable records waits this
+# long between polls instead of spinning on them until the member skips them.
+UNREADABLE_BACKOFF_S = 1.0
 
 
-def _taken(f: Fetched, max_records: int) -> tuple[list[Record], int]:
-    """The records of ``f`` to send and the offset after them (the SSE streams)."""
-    records = decode_from(f.result.data, f.offset, max_records)
-    last = records[-1].offset if records else -1
-    return records, _next_offset(f, len(records), last, max_records)
+def _taken(f: Fetched, max_records: int) -> tuple[bytes, int, int]:
+    """The records of ``f`` as SSE events (the SSE streams), how many, and the offset after."""
+    body, count, last = encode_json(f.result.data, f.offset, max_records, sep=b"\n")
+    events = sse_events(body, count, f.topic, f.partition)
+    return events, count, _next_offset(f, count, last, max_records)
 
 
 def _taken_json(f: Fetched, max_records: int, sep: bytes) -> tuple[bytes, int, int]:
@@ -62,6 +63,12 @@ def _taken_json(f: Fetched, max_records: int, sep: bytes) -> tuple[bytes, int, i
     extra = b',"topic":%s,"partition":%d' % (orjson.dumps(f.topic), f.partition)
     body, count, last = encode_json(f.result.data, f.offset, max_records, extra=extra, sep=sep)
     return body, count, _next_offset(f, count, last, max_records)
+
+
+def unreadable_doc(topic: str, partition: int, e: UnreadableRecordError) -> dict[str, Any]:
+    """A partition stopped at a record no reader can serve: the problem, with where it is and
+    how to skip it (read on from ``next_offset``: a member commits it)."""
+    return {**problem_body(e), "topic": topic, "partition": partition}
 
 
 def _next_offset(f: Fetched, count: int, last: int, max_records: int) -> int:
@@ -115,10 +122,15 @@ async def member_poll(
     count = 0
     positions = []
     budget = max_records
+    unreadable: list[dict[str, Any]] = []
     for f in fetched:
         if budget <= 0:
             break
-        body, taken, next_offset = _taken_json(f, budget, sep)
+        try:
+            body, taken, next_offset = _taken_json(f, budget, sep)
+        except UnreadableRecordError as e:  # this partition waits for the member to skip it
+            unreadable.append(unreadable_doc(f.topic, f.partition, e))
+            continue
         budget -= taken
         count += taken
         coordinator.advance(group_id, member_id, (f.topic, f.partition), next_offset)
@@ -138,10 +150,17 @@ async def member_poll(
     headers = {"Logbus-Generation": str(reconciled.epoch)}
     if reconciled.revoking:
         headers["Logbus-Rebalance"] = "revoking"
+    if unreadable:
+        headers["Logbus-Unreadable"] = ",".join(
+            f"{u['topic']}/{u['partition']}@{u['offset']}" for u in unreadable
+        )
     if kind == NDJSON:
         body = b"".join(b + b"\n" for b in bodies)
         return Reply(200, body, NDJSON, headers, count, len(body))
-    tail = orjson.dumps({"positions": positions, **assignment_doc(reconciled, interval)})
+    doc: dict[str, Any] = {"positions": positions, **assignment_doc(reconciled, interval)}
+    if unreadable:
+        doc["unreadable"] = unreadable
+    tail = orjson.dumps(doc)
     body = b'{"records":[' + b",".join(bodies) + b"]," + tail[1:]
     return Reply(200, body, JSON, headers, count, len(body))
 
@@ -169,17 +188,25 @@ def resume_offset(query: Mapping[str, str], headers: Mapping[str, str]) -> int:
     return int_param(query, "offset", None, 0, 2**63 - 1)
 
 
-def sse_records(records: list[Record], topic: str | None = None, partition: int = -1) -> bytes:
+def sse_events(body: bytes, count: int, topic: str | None = None, partition: int = -1) -> bytes:
+    """SSE events of ``count`` records rendered by :func:`encode_json` with ``sep=b"\\n"``
+    (one object a line: rendered records hold no raw line break). ``id`` is the next offset;
+    a member's events carry topic and partition, and their ids name them too."""
+    if not count:
+        return b""
     parts = []
-    for r in records:
-        doc = record_to_json(r)
+    for line in body.split(b"\n"):
+        offset = int(line[10 : line.index(b",", 10)])  # {"offset":N,...
         if topic is not None:
-            doc["topic"] = topic
-            doc["partition"] = partition
-            event_id = f"{topic}/{partition}/{r.offset + 1}"
+            head = b'%s,"topic":%s,"partition":%d}' % (
+                line[:-1],
+                orjson.dumps(topic),
+                partition,
+            )
+            event_id = b"%s/%d/%d" % (topic.encode(), partition, offset + 1)
+            parts.append(b"id: %s\ndata: %s\n\n" % (event_id, head))
         else:
-            event_id = str(r.offset + 1)
-        parts.append(b"id: %s\ndata: %s\n\n" % (event_id.encode(), orjson.dumps(doc)))
+            parts.append(b"id: %d\ndata: %s\n\n" % (offset + 1, line))
     return b"".join(parts)
 
 
@@ -197,26 +224,41 @@ async def partition_sse(
     p = broker.partition(topic, partition)
     if not p.log_start_offset <= offset <= p.high_watermark:
         raise OffsetOutOfRangeError(offset, p.log_start_offset, p.high_watermark)
+    # The first read is answered before the stream starts: a record no reader can serve at
+    # ``offset`` is an HTTP error then (500, not retriable), on which an EventSource stops
+    # instead of reconnecting for ever; the client skips it by asking from its next_offset.
+    first = await _sse_step(p, offset, max_records)
     yield b"retry: %d\n\n" % SSE_RETRY_MS
+    step: tuple[bytes, int] | None = first
     while True:
-        try:
-            p = broker.partition(topic, partition)
-            if p.released:
+        if step is None:
+            try:
+                p = broker.partition(topic, partition)
+                if p.released:
+                    return
+                step = await _sse_step(p, offset, max_records)
+            except LogbusError as e:  # an unreadable record too: the reconnect then stops
+                yield sse_event("error", problem_body(e))
                 return
-            result = await p.read(offset, SSE_READ_BYTES)
-        except LogbusError as e:
-            yield sse_event("error", problem_body(e))
-            return
-        records = decode_from(result.data, offset, max_records)
-        if records:
-            yield sse_records(records)
-            offset = records[-1].offset + 1
+        events, next_offset = step
+        step = None
+        if events:
+            yield events
+            offset = next_offset
             continue
-        if result.data and result.next_offset > offset:
-            offset = result.next_offset  # a compacted gap
+        if next_offset > offset:
+            offset = next_offset  # a compacted gap
             continue
         if not await p.wait_for(offset, KEEPALIVE_S):
             yield b": keepalive\n\n"
+
+
+async def _sse_step(p: Any, offset: int, max_records: int) -> tuple[bytes, int]:
+    """Events of the records from ``offset`` (b"" if none) and where the stream goes on."""
+    result = await p.read(offset, SSE_READ_BYTES)
+    body, count, last = encode_json(result.data, offset, max_records, sep=b"\n")
+    end = int(result.next_offset) if result.data else offset
+    return sse_events(body, count), next_offset_after(offset, count, last, max_records, end)
 
 
 async def member_sse(
@@ -229,6 +271,7 @@ async def member_sse(
     wait_ms = int(min(KEEPALIVE_S * 1000, member.session_timeout_ms / 3))
     yield b"retry: %d\n\n" % SSE_RETRY_MS
     last: tuple[frozenset[tuple[str, int]], frozenset[tuple[str, int]]] | None = None
+    reported: dict[tuple[str, int], int] = {}  # unreadable offsets already announced
     while True:
         try:
             reconciled, fetched = await coordinator.poll(
@@ -244,14 +287,27 @@ async def member_sse(
             coordinator.heartbeat(group_id, member_id, ack=True)
         out = []
         budget = max_records
+        stuck = 0
         for f in fetched:
-            records, next_offset = _taken(f, budget)
-            budget -= len(records)
-            coordinator.advance(group_id, member_id, (f.topic, f.partition), next_offset)
-            out.append(sse_records(records, f.topic, f.partition))
+            tp = (f.topic, f.partition)
+            try:
+                events, count, next_offset = _taken(f, budget)
+            except UnreadableRecordError as e:
+                # said once; the partition waits until the member commits e.next_offset
+                stuck += 1
+                if reported.get(tp) != e.offset:
+                    reported[tp] = e.offset
+                    out.append(sse_event("unreadable", unreadable_doc(*tp, e)))
+                continue
+            reported.pop(tp, None)
+            budget -= count
+            coordinator.advance(group_id, member_id, tp, next_offset)
+            out.append(events)
             if budget <= 0:
                 break
-        if out:
+        if any(out):
             yield b"".join(out)
         elif not fetched:
             yield b": keepalive\n\n"
+        elif stuck == len(fetched):  # only stuck partitions have data: do not spin on them
+            await asyncio.sleep(UNREADABLE_BACKOFF_S)

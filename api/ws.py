@@ -32,7 +32,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from cluster.assignor import TopicPartition
 from cluster.coordinator import first_of
 from core_log.batch import scan_batches
-from core_log.errors import ErrorCode, LogbusError, UnknownTopicOrPartitionError
+from core_log.errors import (
+    ErrorCode,
+    LogbusError,
+    UnknownTopicOrPartitionError,
+    UnreadableRecordError,
+)
 from core_log.recordjson import encode_json
 
 from . import records
@@ -192,6 +197,7 @@ class Session:
         if not wanted or len(self.positions) + len(wanted) > proto.MAX_SUBSCRIPTIONS:
             raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "subscribe to 1..10000 partitions")
         self.positions.update(wanted)
+        self.blocked.difference_update(wanted)
         self.format = msg.format
         self.changed.set()
         await self.send(
@@ -256,6 +262,8 @@ class Session:
         if self.group is not None and self.member_id is not None:
             member = self.coordinator.member(self.group, self.member_id)
             await self.coordinator.commit(self.group, self.member_id, member.epoch, offsets)
+            self.blocked.difference_update(offsets)  # e.g. past an unreadable record
+            self.changed.set()
         elif msg.group is not None:
             await self.coordinator.commit(msg.group, None, None, offsets)
         else:
@@ -395,8 +403,13 @@ class Session:
             self._read_bytes[tp] = min(READ_BYTES, budget * 2) if full else FIRST_READ_BYTES
             if self.format == "binary":
                 sent += await self._send_binary(tp, pos, result.data, result.high_watermark)
-            else:
+                continue
+            try:
                 sent += await self._send_json(tp, pos, result, result.high_watermark)
+            except UnreadableRecordError as e:
+                # said once (offset, next_offset); the partition waits for the client to skip
+                # it: a member commits next_offset, a subscriber subscribes from it
+                await self._source_failed(tp, e)
         return sent
 
     async def _send_json(self, tp: TopicPartition, pos: int, result: Any, hw: int) -> int:
