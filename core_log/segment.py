@@ -28,6 +28,7 @@ from .batch import (
     BatchHeader,
     Record,
     records_section,
+    timestamp_ok,
     validate_batch,
     walk_records,
 )
@@ -464,10 +465,11 @@ class LogSegment:
 def _readable_records(data: bytes, h: BatchHeader) -> list[Record]:
     """The records of the batch ``data`` a timestamp lookup can use: one unreadable record
     (stored before produce checked what it checks now, or corrupt) must not fail every lookup
-    on its partition, so the walk's fault ends the list instead of raising."""
+    on its partition, so the walk's fault ends the list instead of raising, and a record whose
+    timestamp no reader renders is left out."""
     try:
         section = records_section(data, h)
     except CorruptRecordError:
         return []
     records, _ = walk_records(h, section, check_timestamps=False)
-    return records
+    return [r for r in records if timestamp_ok(r.timestamp)]  # others say nothing of time

@@ -54,10 +54,29 @@ def poison_batch(base_offset: int) -> bytes:
     )
 
 
+def header_poison(base_offset: int) -> bytes:
+    """One record with a header name over the cap, as an older broker stored it."""
+    record = Record(b'"h"', None, (("h" * (MAX_HEADER_KEY_BYTES + 1), b"v"),), T0 + 3)
+    return assemble_batch(
+        encode_records([record], T0 + 3),
+        base_offset=base_offset,
+        partition_leader_epoch=0,
+        attributes=0,
+        last_offset_delta=0,
+        base_timestamp=T0 + 3,
+        max_timestamp=T0 + 3,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        record_count=1,
+    )
+
+
 @pytest.fixture(scope="module")
 def poisoned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, str]]:
-    """A broker whose topic has, on partition 0: a good record at 0, the poison at 1, a good
-    record at 2; partition 1 holds good records only."""
+    """A broker whose topic has, on partition 0: a good record at 0, one whose timestamp no
+    reader renders at 1, a good record at 2, one whose header name is over the cap at 3 and a
+    good record at 4; partition 1 holds good records only."""
     data_dir = tmp_path_factory.mktemp("poison") / "data"
     broker = start_broker(data_dir)
     with make_client(broker) as c:
@@ -71,6 +90,11 @@ def poisoned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerP
     log.append(poison_batch(1), as_follower=True)
     log.append(
         build_batch([Record(b'"c"', None, (), T0 + 2)], base_offset=2, partition_leader_epoch=0),
+        as_follower=True,
+    )
+    log.append(header_poison(3), as_follower=True)
+    log.append(
+        build_batch([Record(b'"e"', None, (), T0 + 4)], base_offset=4, partition_leader_epoch=0),
         as_follower=True,
     )
     log.flush()
@@ -150,20 +174,24 @@ def test_fetch_serves_up_to_it_names_it_and_skips_on_request(
     r = http.get(url, params={"offset": 1}, headers={"accept": "application/x-ndjson"})
     assert_unreadable(r, 1)
     assert values(http.get(url, params={"offset": 2}).json()) == ["c"]
+    assert_unreadable(http.get(url, params={"offset": 3}), 3)  # the header name over the cap
+    assert values(http.get(url, params={"offset": 4}).json()) == ["e"]
 
 
 def test_offsets_by_timestamp_step_over_it(
     poisoned: tuple[BrokerProcess, str], http: httpx.Client
 ) -> None:
     _, topic = poisoned
-    r = http.get(f"/v1/topics/{topic}/partitions/0/offsets", params={"at": T0 + 1})
+    r = http.get(f"/v1/topics/{topic}/partitions/0/offsets", params={"at": T0 + 3})
     assert r.status_code == 200, r.text
+    assert r.json()["offset"] == 4, r.json()
     group = unique("g-ts")
     r = http.post(
         f"/v1/groups/{group}/offsets/reset",
-        json={"to": "timestamp", "timestamp": T0 + 1, "topics": [topic]},
+        json={"to": "timestamp", "timestamp": T0 + 3, "topics": [topic]},
     )
     assert r.status_code == 200, r.text
+    assert {o["partition"]: o["offset"] for o in r.json()["offsets"]}[0] == 4
 
 
 def test_member_poll_delivers_other_partitions_and_skips_by_commit(
@@ -267,6 +295,8 @@ def test_websocket_names_it_stays_open_and_resubscribes_past_it(
             await send({"op": "subscribe", "id": 3, "partitions": [{**part, "offset": 2}]})
             after = await until("records")
             assert [x["offset"] for x in after["records"]] == [2]
+            error = await until("error")  # the next one, a header name over the cap
+            assert (error["offset"], error["next_offset"]) == (3, 4)
             # WebSocket produce shares produce's one check
             long_name = "h" * (MAX_HEADER_KEY_BYTES + 1)
             bad = [{"value": 1, "headers": [{"name": long_name, "value": "v"}]}]
