@@ -504,6 +504,9 @@ def _varint_in(data: bytes, pos: int, end: int) -> tuple[int, int] | None:
     b = data[pos]
     if b < 0x80:
         return (b >> 1) ^ -(b & 1), pos + 1
+    if pos + 1 < end and data[pos + 1] < 0x80:  # two bytes: lengths of 64..8191
+        z = (b & 0x7F) | (data[pos + 1] << 7)
+        return (z >> 1) ^ -(z & 1), pos + 2
     try:
         value, nxt = decode_varint(data, pos)
     except CorruptRecordError:
@@ -531,44 +534,75 @@ def walk_records(
     pos = 0
     base_offset = h.base_offset
     base_ts = h.base_timestamp
+    max_ts = h.max_timestamp
     append_time = h.log_append_time
+    append = out.append
     vi = _varint_in
+    int64_max, ts_max = _INT64_MAX, MAX_TIMESTAMP_MS
+    served = 0
     i = offset = 0
     try:
         for i in range(h.record_count):
-            if len(out) >= limit:
+            if served >= limit:
                 return out, None
             offset = -1
-            got = vi(data, pos, n)
-            if got is None:
-                raise _Bad("bad record length varint")
-            length, pos = got
+            if pos < n and (b := data[pos]) < 0x80:  # one-byte varints inline: the common case
+                length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                got = vi(data, pos, n)
+                if got is None:
+                    raise _Bad("bad record length varint")
+                length, pos = got
             if length < 1 or length > n - pos:
                 raise _Bad("record length runs past the section")
             end = pos + length
-            got = vi(data, pos + 1, end)  # after the attributes byte, unused in v2
-            if got is None:
-                raise _Bad("bad timestamp delta")
-            ts_delta, pos = got
-            got = vi(data, pos, end)
-            if got is None:
-                raise _Bad("bad offset delta")
-            off_delta, pos = got
-            if off_delta < 0 or base_offset + off_delta > _INT64_MAX:
+            pos += 1  # the attributes byte, unused in v2
+            if pos < end and (b := data[pos]) < 0x80:
+                ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                got = vi(data, pos, end)
+                if got is None:
+                    raise _Bad("bad timestamp delta")
+                ts_delta, pos = got
+            if pos < end and (b := data[pos]) < 0x80:
+                off_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                got = vi(data, pos, end)
+                if got is None:
+                    raise _Bad("bad offset delta")
+                off_delta, pos = got
+            if off_delta < 0 or base_offset + off_delta > int64_max:
                 raise _Bad("offset delta out of range")
             offset = base_offset + off_delta
-            got = vi(data, pos, end)
-            if got is None or got[0] < -1 or got[0] > end - got[1]:
-                raise _Bad("key runs past the record")
-            klen, pos = got
-            key = None if klen < 0 else data[pos : pos + klen]
-            pos += max(klen, 0)
-            got = vi(data, pos, end)
-            if got is None or got[0] < -1 or got[0] > end - got[1]:
-                raise _Bad("value runs past the record")
-            vlen, pos = got
-            value = None if vlen < 0 else data[pos : pos + vlen]
-            pos += max(vlen, 0)
+            if pos < end and (b := data[pos]) < 0x80:
+                klen, pos = (b >> 1) ^ -(b & 1), pos + 1
+                if klen < -1 or klen > end - pos:
+                    raise _Bad("key runs past the record")
+            else:
+                got = vi(data, pos, end)
+                if got is None or got[0] < -1 or got[0] > end - got[1]:
+                    raise _Bad("key runs past the record")
+                klen, pos = got
+            if klen < 0:
+                key = None
+            else:
+                key = data[pos : pos + klen]
+                pos += klen
+            if pos + 1 < end and (b := data[pos]) >= 0x80 and (b2 := data[pos + 1]) < 0x80:
+                z = (b & 0x7F) | (b2 << 7)  # two bytes: values of 64..8191 bytes
+                vlen, pos = (z >> 1) ^ -(z & 1), pos + 2
+                if vlen < -1 or vlen > end - pos:
+                    raise _Bad("value runs past the record")
+            else:
+                got = vi(data, pos, end)
+                if got is None or got[0] < -1 or got[0] > end - got[1]:
+                    raise _Bad("value runs past the record")
+                vlen, pos = got
+            if vlen < 0:
+                value = None
+            else:
+                value = data[pos : pos + vlen]
+                pos += vlen
             if pos < end and data[pos] == 0:  # no headers: the common case
                 headers: tuple[tuple[str, bytes | None], ...] = ()
                 pos += 1
@@ -580,10 +614,11 @@ def walk_records(
                 raise _Bad("offset deltas must be 0..n-1")
             if offset < start_offset:
                 continue
-            ts = h.max_timestamp if append_time else base_ts + ts_delta
-            if check_timestamps and not (ts == NO_TIMESTAMP or 0 <= ts <= MAX_TIMESTAMP_MS):
+            ts = max_ts if append_time else base_ts + ts_delta
+            if check_timestamps and not 0 <= ts <= ts_max and ts != NO_TIMESTAMP:
                 return out, Fault(i, TIMESTAMP_OUT_OF_RANGE, offset, False)
-            out.append(Record(value, key, headers, ts, offset))
+            append(Record(value, key, headers, ts, offset))
+            served += 1
     except _Bad as e:
         return out, Fault(i, e.reason, offset, True)
     if pos != n:

@@ -124,7 +124,7 @@ def json_fault(body: bytes, count: int, h: tuple[int, int, int, bool]) -> Any:
 
 
 @settings(
-    max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    max_examples=500, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
 )
 @given(
     records_st,
@@ -240,3 +240,37 @@ def test_a_record_delta_past_the_range_is_rejected_though_the_header_is_fine() -
 def test_check_records_raises_corrupt_record(body: bytes, count: int, why: str) -> None:
     with pytest.raises(CorruptRecordError, match=why):
         recordscan.check_records(body, count)
+
+
+def hand_record(key_len: int, value_len: int, header_value_len: int | None = None) -> bytes:
+    """One record whose key/value (and header value) lengths are what we say, whatever the
+    bytes after them."""
+    v = encode_varint
+    fields = v(0) + v(0) + v(key_len) + b"k" * max(key_len, 0) + v(value_len)
+    fields += b"v" * max(value_len, 0)
+    if header_value_len is None:
+        fields += v(0)
+    else:
+        fields += v(1) + v(1) + b"h" + v(header_value_len) + b"x" * max(header_value_len, 0)
+    body = b"\x00" + fields
+    return v(len(body)) + body
+
+
+@pytest.mark.parametrize(
+    ("section", "why"),
+    [
+        (hand_record(-2, 1), "key runs past the record"),
+        (hand_record(-5, 1), "key runs past the record"),
+        (hand_record(-64, 1), "key runs past the record"),
+        (hand_record(1, -2), "value runs past the record"),
+        (hand_record(1, -4000), "value runs past the record"),
+        (hand_record(1, 1, -3), "header value runs past the record"),
+    ],
+)
+def test_negative_lengths_other_than_null_are_rejected_by_all(section: bytes, why: str) -> None:
+    h = (0, 0, 0, False)
+    fault = scan(recordscan._native_scan, section, 1, h, True)
+    assert fault == scan(recordscan.scan_records_py, section, 1, h, True)
+    assert fault is not None and fault[1] == why
+    assert json_fault(section, 1, h) == fault[1:]
+    assert keys_verdict(section, 1) == columns_verdict(section, 1, h) == "rejected"
