@@ -316,3 +316,77 @@ def test_nothing_was_lost_to_a_restart(poisoned: tuple[BrokerProcess, str]) -> N
     broker, topic = poisoned
     p = Path(broker.data_dir) / f"{topic}-0"
     assert p.is_dir()
+
+
+def test_member_sse_says_it_once_and_streams_the_other_partitions(
+    poisoned: tuple[BrokerProcess, str], http: httpx.Client
+) -> None:
+    _, topic = poisoned
+    group = unique("g-sse")
+    r = http.post(
+        f"/v1/groups/{group}/members", json={"topics": [topic], "auto_offset_reset": "earliest"}
+    )
+    assert r.status_code in (200, 201), r.text
+    member = r.json()["member_id"]
+    url = f"/v1/groups/{group}/members/{member}/records"
+    events: list[tuple[str, dict[str, Any]]] = []
+    with http.stream(
+        "GET", url, headers={"accept": "text/event-stream"}, timeout=TIMEOUT_S
+    ) as response:
+        assert response.status_code == 200
+        event = "message"
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                event = line[len("event: ") :]
+            elif line.startswith("data: "):
+                events.append((event, json.loads(line[len("data: ") :])))
+                event = "message"
+                records = {(d["partition"], d["offset"]) for e, d in events if e == "message"}
+                if any(e == "unreadable" for e, _ in events) and {(0, 0), (1, 0)} <= records:
+                    break
+    stuck = [d for e, d in events if e == "unreadable"]
+    assert [(d["partition"], d["offset"], d["next_offset"]) for d in stuck] == [(0, 1, 2)]
+    assert stuck[0]["retriable"] is False
+
+
+def test_websocket_member_skips_it_by_committing(poisoned: tuple[BrokerProcess, str]) -> None:
+    broker, topic = poisoned
+    url = broker.url.replace("http://", "ws://") + "/v1/ws"
+    group = unique("g-ws")
+
+    async def main() -> None:
+        async with connect(url, open_timeout=5, close_timeout=2) as ws:
+            got: list[dict[str, Any]] = []
+
+            async def send(doc: dict[str, Any]) -> None:
+                await ws.send(json.dumps(doc))
+
+            async def until(kind: str) -> dict[str, Any]:
+                while True:
+                    doc = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
+                    if doc.get("type") == "records":
+                        got.extend({"partition": doc["partition"], **r} for r in doc["records"])
+                    if doc.get("type") == kind:
+                        return doc
+
+            await send({"op": "credit", "records": 100})
+            await send(
+                {
+                    "op": "join",
+                    "id": 1,
+                    "group": group,
+                    "topics": [topic],
+                    "auto_offset_reset": "earliest",
+                }
+            )
+            joined = await until("joined")
+            error = await until("error")
+            assert (error["partition"], error["offset"], error["next_offset"]) == (0, 1, 2)
+            offsets = [{"topic": topic, "partition": 0, "offset": 2}]
+            await send({"op": "commit", "id": 2, "offsets": offsets})
+            await until("committed")
+            while (0, 2) not in {(r["partition"], r["offset"]) for r in got}:
+                await until("records")
+            assert joined["member_id"]
+
+    asyncio.run(main())
