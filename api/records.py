@@ -38,7 +38,7 @@ from core_log.batch import (
 )
 from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
 from core_log.log import AppendResult
-from core_log.recordjson import encode_json
+from core_log.recordjson import encode_json_upto, read_on_from
 
 from .problems import bad_request, payload_too_large, unsupported_media_type
 from .records_codec import (
@@ -517,10 +517,11 @@ async def fetch(
         headers = _position_headers(next_offset, hw, result)
         return Reply(200, result.data, BATCH, headers, count, len(result.data))
     if kind == NDJSON:
-        body, count, last = encode_json(result.data, offset, max_records, sep=b"\n")
+        body, count, last, stop = encode_json_upto(result.data, offset, max_records, sep=b"\n")
     else:
-        body, count, last = encode_json(result.data, offset, max_records)
-    next_offset = next_offset_after(offset, count, last, max_records, read_end(offset, result))
+        body, count, last, stop = encode_json_upto(result.data, offset, max_records)
+    end = read_on_from(read_end(offset, result), stop)
+    next_offset = next_offset_after(offset, count, last, max_records, end)
     headers = _position_headers(next_offset, hw, result)
     if kind == NDJSON:
         body = body + b"\n" if count else body

@@ -28,7 +28,7 @@ from cluster.broker import Broker
 from cluster.coordinator import Coordinator, Fetched
 from cluster.group import Reconciled
 from core_log.errors import LogbusError, OffsetOutOfRangeError, UnreadableRecordError
-from core_log.recordjson import encode_json
+from core_log.recordjson import encode_json_upto, read_on_from
 
 from .problems import bad_request, problem_body
 from .records import (
@@ -52,17 +52,19 @@ UNREADABLE_BACKOFF_S = 1.0
 
 def _taken(f: Fetched, max_records: int) -> tuple[bytes, int, int]:
     """The records of ``f`` as SSE events (the SSE streams), how many, and the offset after."""
-    body, count, last = encode_json(f.result.data, f.offset, max_records, sep=b"\n")
+    body, count, last, stop = encode_json_upto(f.result.data, f.offset, max_records, sep=b"\n")
     events = sse_events(body, count, f.topic, f.partition)
-    return events, count, _next_offset(f, count, last, max_records)
+    return events, count, _next_offset(f, count, last, max_records, stop)
 
 
 def _taken_json(f: Fetched, max_records: int, sep: bytes) -> tuple[bytes, int, int]:
     """The records of ``f`` to send as JSON objects joined by ``sep`` (each with its topic and
     partition), how many, and the offset after them."""
     extra = b',"topic":%s,"partition":%d' % (orjson.dumps(f.topic), f.partition)
-    body, count, last = encode_json(f.result.data, f.offset, max_records, extra=extra, sep=sep)
-    return body, count, _next_offset(f, count, last, max_records)
+    body, count, last, stop = encode_json_upto(
+        f.result.data, f.offset, max_records, extra=extra, sep=sep
+    )
+    return body, count, _next_offset(f, count, last, max_records, stop)
 
 
 def unreadable_doc(topic: str, partition: int, e: UnreadableRecordError) -> dict[str, Any]:
@@ -71,8 +73,9 @@ def unreadable_doc(topic: str, partition: int, e: UnreadableRecordError) -> dict
     return {**problem_body(e), "topic": topic, "partition": partition}
 
 
-def _next_offset(f: Fetched, count: int, last: int, max_records: int) -> int:
-    return next_offset_after(f.offset, count, last, max_records, f.result.next_offset)
+def _next_offset(f: Fetched, count: int, last: int, max_records: int, stop: int | None) -> int:
+    end = read_on_from(int(f.result.next_offset), stop)
+    return next_offset_after(f.offset, count, last, max_records, end)
 
 
 def assignment_doc(r: Reconciled, heartbeat_interval_ms: int) -> dict[str, Any]:
@@ -256,8 +259,8 @@ async def partition_sse(
 async def _sse_step(p: Any, offset: int, max_records: int) -> tuple[bytes, int]:
     """Events of the records from ``offset`` (b"" if none) and where the stream goes on."""
     result = await p.read(offset, SSE_READ_BYTES)
-    body, count, last = encode_json(result.data, offset, max_records, sep=b"\n")
-    end = int(result.next_offset) if result.data else offset
+    body, count, last, stop = encode_json_upto(result.data, offset, max_records, sep=b"\n")
+    end = read_on_from(int(result.next_offset) if result.data else offset, stop)
     return sse_events(body, count), next_offset_after(offset, count, last, max_records, end)
 
 

@@ -38,7 +38,7 @@ from core_log.errors import (
     UnknownTopicOrPartitionError,
     UnreadableRecordError,
 )
-from core_log.recordjson import encode_json
+from core_log.recordjson import encode_json_upto, read_on_from
 
 from . import records
 from . import ws_protocol as proto
@@ -414,7 +414,8 @@ class Session:
 
     async def _send_json(self, tp: TopicPartition, pos: int, result: Any, hw: int) -> int:
         limit = min(self.credit.records, MAX_RECORDS_PER_FRAME)
-        body, count, last = encode_json(result.data, pos, limit)
+        body, count, last, stop = encode_json_upto(result.data, pos, limit)
+        end = read_on_from(result.next_offset, stop)
         if not count:
             if result.next_offset > pos:
                 self._advance(tp, result.next_offset)  # a compacted gap
@@ -424,7 +425,7 @@ class Session:
             tp[1],
         )
         while True:
-            next_offset = records.next_offset_after(pos, count, last, limit, result.next_offset)
+            next_offset = records.next_offset_after(pos, count, last, limit, end)
             frame = b'%s%s],"next_offset":%d,"high_watermark":%d}' % (head, body, next_offset, hw)
             if self.credit.fits(count, len(frame)):
                 break
@@ -432,7 +433,8 @@ class Session:
                 await self._stalled(tp, 1, len(frame))
                 return 0
             limit = count // 2  # fewer records than were read: stop right after them
-            body, count, last = encode_json(result.data, pos, limit)
+            body, count, last, stop = encode_json_upto(result.data, pos, limit)
+            end = read_on_from(result.next_offset, stop)
         self.credit.use(count, len(frame))
         self._advance(tp, next_offset)
         await self.ws.send_text(frame.decode())

@@ -242,10 +242,28 @@ def encode_json(
     sep: bytes = b",",
     encoder: SectionEncoder | None = None,
 ) -> tuple[bytes, int, int]:
+    """:func:`encode_json_upto` without where it stopped: (body, count, last offset)."""
+    body, count, last, _ = encode_json_upto(
+        data, start_offset, max_records, extra=extra, sep=sep, encoder=encoder
+    )
+    return body, count, last
+
+
+def encode_json_upto(
+    data: bytes | memoryview,
+    start_offset: int,
+    max_records: int,
+    *,
+    extra: bytes = b"",
+    sep: bytes = b",",
+    encoder: SectionEncoder | None = None,
+) -> tuple[bytes, int, int, int | None]:
     """The records of the whole batches in ``data`` (as read from the log) at or after
     ``start_offset``, at most ``max_records``, as JSON objects joined by ``sep``.
 
-    Returns (body, records in it, offset of the last one or -1). A trailing partial batch is
+    Returns (body, records in it, offset of the last one or -1, the offset of an unreadable
+    record the answer stopped before or None): a reader goes on from there, never past it,
+    whatever else the read held. A trailing partial batch is
     ignored, as :func:`~core_log.batch.scan_batches` does; batches ending before
     ``start_offset`` are skipped unread. ``encoder`` picks the C walk or the Python twin
     (default: C when built). A record no reader can serve (:mod:`core_log.batch`'s walk
@@ -297,10 +315,16 @@ def encode_json(
                     last = at
             if fault is not None:
                 if count:  # serve what came before; the next read from there reports it
-                    return sep.join(parts), count, last
+                    return sep.join(parts), count, last, last + 1
                 raise unreadable(fault, start_offset, base_offset, batch_next)
         pos += size
-    return sep.join(parts), count, last
+    return sep.join(parts), count, last, None
+
+
+def read_on_from(end: int, stop: int | None) -> int:
+    """Where a reader whose read ended at ``end`` goes on, given :func:`encode_json_upto`'s
+    ``stop``: never past an unreadable record it has not named yet."""
+    return end if stop is None else min(end, stop)
 
 
 def unreadable(

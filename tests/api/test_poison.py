@@ -168,12 +168,16 @@ def test_fetch_serves_up_to_it_names_it_and_skips_on_request(
 ) -> None:
     _, topic = poisoned
     url = f"/v1/topics/{topic}/partitions/0/records"
+    for accept in ("application/json", "application/x-ndjson"):
+        r = http.get(url, params={"offset": 0}, headers={"accept": accept})
+        assert r.headers["logbus-next-offset"] == "1"  # not past what it has not named
     doc = http.get(url, params={"offset": 0}).json()
     assert values(doc) == ["a"] and doc["next_offset"] == 1
     assert_unreadable(http.get(url, params={"offset": 1}), 1)
     r = http.get(url, params={"offset": 1}, headers={"accept": "application/x-ndjson"})
     assert_unreadable(r, 1)
-    assert values(http.get(url, params={"offset": 2}).json()) == ["c"]
+    doc = http.get(url, params={"offset": 2}).json()  # its read holds 2, 3 (unreadable), 4
+    assert values(doc) == ["c"] and doc["next_offset"] == 3  # not past what it did not name
     assert_unreadable(http.get(url, params={"offset": 3}), 3)  # the header name over the cap
     assert values(http.get(url, params={"offset": 4}).json()) == ["e"]
 
@@ -234,6 +238,9 @@ def test_member_poll_delivers_other_partitions_and_skips_by_commit(
     doc = http.get(poll_url, params={"wait_ms": 0}).json()
     assert (0, 2) in [(x["partition"], x["offset"]) for x in doc["records"]]
     assert "unreadable" not in doc
+    # the next one (3) is named too, not stepped over silently
+    doc = http.get(poll_url, params={"wait_ms": 0}).json()
+    assert [(u["partition"], u["offset"]) for u in doc.get("unreadable", [])] == [(0, 3)]
 
 
 def sse_lines(http: httpx.Client, url: str, params: dict[str, Any], until: str) -> list[str]:
@@ -288,6 +295,7 @@ def test_websocket_names_it_stays_open_and_resubscribes_past_it(
             await send({"op": "subscribe", "id": 1, "partitions": [part]})
             first = await until("records")
             assert [x["offset"] for x in first["records"]] == [0]
+            assert first["next_offset"] == 1
             error = await until("error")
             assert (error["offset"], error["next_offset"], error["retriable"]) == (1, 2, False)
             await send({"op": "ping", "id": 2})
@@ -295,6 +303,7 @@ def test_websocket_names_it_stays_open_and_resubscribes_past_it(
             await send({"op": "subscribe", "id": 3, "partitions": [{**part, "offset": 2}]})
             after = await until("records")
             assert [x["offset"] for x in after["records"]] == [2]
+            assert after["next_offset"] == 3
             error = await until("error")  # the next one, a header name over the cap
             assert (error["offset"], error["next_offset"]) == (3, 4)
             # WebSocket produce shares produce's one check

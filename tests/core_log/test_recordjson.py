@@ -407,3 +407,16 @@ def test_every_renderer_sends_an_overflowing_number_as_base64() -> None:
     assert ["value_b64" in d for d in docs] == [True, True, False]
     for r, d in zip(iter_records(batch), docs, strict=True):
         assert json.loads(orjson.dumps(record_to_json(r))) == d
+
+
+@pytest.mark.parametrize("enc", [C, PY], ids=["c", "py"])
+def test_an_answer_stops_before_an_unreadable_record_and_says_where(enc: Any) -> None:
+    """Whatever else the read held, a reader goes on from the unreadable record, not past it."""
+    good = build_batch([Record(b"1")], base_offset=0)
+    bad = build_batch([Record(b"2", timestamp=2**62)], base_offset=1)  # past year 9999
+    after = build_batch([Record(b"3")], base_offset=2)
+    data = good + bad + after
+    _, count, last, stop = recordjson.encode_json_upto(data, 0, 100, encoder=enc)
+    assert (count, last, stop) == (1, 0, 1)
+    assert recordjson.read_on_from(3, stop) == 1
+    assert recordjson.encode_json_upto(after, 2, 100, encoder=enc)[3] is None
