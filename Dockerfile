@@ -3,8 +3,9 @@
 # The image runs `logbus serve`; other `logbus` subcommands work too, e.g.
 #   docker run --rm --network host logbus topics list
 
-# Build stage: a wheel of Logbus from the repository, with its optional C accelerator
-# (core_log._recordscan, see setup.py) compiled; the runtime image needs no compiler.
+# Build stage: a wheel of Logbus from the repository, with its C record walk
+# (core_log._recordscan and core_log._recordjson, see setup.py: a failed build is an error)
+# compiled; the runtime image needs no compiler.
 FROM python:3.11-slim AS build
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \

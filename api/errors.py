@@ -22,7 +22,7 @@ _HTTP_CODES = {
 
 
 def problem_response(error: LogbusError) -> Response:
-    return Response(problem_bytes(error), error.code.http_status, media_type=PROBLEM_JSON)
+    return Response(problem_bytes(error), error.http_status, media_type=PROBLEM_JSON)
 
 
 def install(app: FastAPI) -> None:

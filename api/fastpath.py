@@ -140,7 +140,7 @@ class FastPath:
         except ClientDisconnected:
             return
         except LogbusError as e:
-            reply = records.Reply(e.code.http_status, problem_bytes(e), PROBLEM_JSON)
+            reply = records.Reply(e.http_status, problem_bytes(e), PROBLEM_JSON)
             if e.code is ErrorCode.BROKER_BUSY:
                 reply.headers["Retry-After"] = str(RETRY_AFTER_S)
         except Exception:

@@ -25,9 +25,9 @@ def problem_body(error: LogbusError) -> dict[str, Any]:
     body: dict[str, Any] = {
         "type": "about:blank",
         "title": code.name,
-        "status": code.http_status,
+        "status": error.http_status,
         "code": code.name,
-        "retriable": code.retriable,
+        "retriable": error.retriable,
         "detail": error.message,
     }
     for k, v in error.detail.items():

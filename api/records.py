@@ -40,6 +40,7 @@ from core_log.batch import (
 )
 from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
 from core_log.log import AppendResult
+from core_log.recordjson import read_on_from
 
 from .params import is_uint, parse_uint
 from .problems import bad_request, payload_too_large, unsupported_media_type
@@ -592,8 +593,9 @@ async def fetch(
     body, count, last = rendered.body, rendered.count, rendered.last_offset
     if rendered.full:  # max_bytes of rendered records: go on after the last one sent
         next_offset = rendered.next_offset(offset)
-    else:
-        next_offset = next_offset_after(offset, count, last, max_records, read_end(offset, result))
+    else:  # never past an unreadable record not yet named (the next read names it)
+        end = read_on_from(read_end(offset, result), rendered.stop)
+        next_offset = next_offset_after(offset, count, last, max_records, end)
     headers = _position_headers(next_offset, hw, result)
     if kind == NDJSON:
         body = body + b"\n" if count else body

@@ -25,7 +25,7 @@ import orjson
 
 from core_log.batch import Record
 from core_log.errors import ErrorCode, LogbusError
-from core_log.recordjson import one_line
+from core_log.recordjson import is_json, one_line
 
 from .problems import bad_request
 
@@ -201,30 +201,23 @@ def _text_or_b64(name: str, raw: bytes | None, out: dict[str, Any]) -> None:
 
 
 def record_to_json(r: Record) -> dict[str, Any]:
+    """One record as a dict for orjson: byte for byte what the one renderer,
+    :func:`core_log.recordjson.encode_json`, writes, with its rule for "is this value JSON"
+    (:func:`core_log.recordjson.is_json`: strict RFC 8259, nesting <= 512, no number a double
+    cannot hold). For callers holding Record objects (the CLI)."""
     out: dict[str, Any] = {"offset": r.offset, "timestamp": r.timestamp}
     _text_or_b64("key", r.key, out)
     if r.value is None:
         out["value"] = None
-    elif _is_json(r.value):
+    elif is_json(r.value):
         # already JSON text: embedded, not re-encoded (line breaks, whitespace there, made spaces)
         out["value"] = orjson.Fragment(one_line(r.value))
     else:
         out["value_b64"] = base64.b64encode(r.value).decode()
-    if r.headers:
-        hs = []
-        for name, hv in r.headers:
-            h: dict[str, Any] = {"name": name}
-            _text_or_b64("value", hv, h)
-            hs.append(h)
-        out["headers"] = hs
-    else:
-        out["headers"] = []
+    hs = []
+    for name, hv in r.headers:
+        h: dict[str, Any] = {"name": name}
+        _text_or_b64("value", hv, h)
+        hs.append(h)
+    out["headers"] = hs
     return out
-
-
-def _is_json(raw: bytes) -> bool:
-    try:
-        orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return False
-    return True

@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from core_log.batch import ATTRIBUTES_OFFSET, COMPRESSION_MASK, HEADER_BYTES, LOG_OVERHEAD
-from core_log.recordjson import encode_json
+from core_log.errors import UnreadableRecordError
+from core_log.recordjson import encode_json, encode_json_upto
 
 _LINE = b"\n"
 RUN_BYTES = 64 * 1024  # stored bytes of uncompressed batches rendered by one C call
@@ -43,6 +44,9 @@ class Rendered:
     count: int
     last_offset: int  # of the last record in ``body``; -1 when empty
     full: bool  # stopped by the byte budget: records after ``last_offset`` were left out
+    # Stopped before a record no reader can serve (``encode_json_upto``'s ``stop``): a reader
+    # goes on from here, never past it; the next read names it.
+    stop: int | None = None
 
     def next_offset(self, start: int) -> int:
         """Where a consumer continues after a ``full`` answer."""
@@ -62,7 +66,8 @@ def encode_json_within(
     """The records of the whole batches in ``data`` at or after ``start_offset``, at most
     ``max_records`` and ``max_bytes`` of rendered body — but the first record even when it is
     larger, unless ``at_least_one`` is False (a caller that already answers with records).
-    Raises :class:`~core_log.errors.CorruptRecordError` as ``encode_json`` does."""
+    A record no reader can serve ends the answer before it (``stop``); when it comes first,
+    :class:`~core_log.errors.UnreadableRecordError` names it, as ``encode_json_upto`` does."""
     view = memoryview(data)
     parts: list[bytes] = []
     size = count = 0
@@ -73,7 +78,14 @@ def encode_json_within(
         gap = len(sep) if parts else 0
         if size + gap >= max_bytes and (count or not at_least_one):
             return Rendered(sep.join(parts), count, last, True)
-        body, n, at = encode_json(batch, start_offset, max_records - count, extra=extra, sep=sep)
+        try:
+            body, n, at, stop = encode_json_upto(
+                batch, start_offset, max_records - count, extra=extra, sep=sep
+            )
+        except UnreadableRecordError:
+            if not count:
+                raise
+            return Rendered(sep.join(parts), count, last, False, last + 1)
         if not n:
             continue
         if size + gap + len(body) > max_bytes and (n > 1 or count or not at_least_one):
@@ -92,6 +104,8 @@ def encode_json_within(
         size += gap + len(body)
         count += n
         last = at
+        if stop is not None:
+            return Rendered(sep.join(parts), count, last, False, stop)
     return Rendered(sep.join(parts), count, last, False)
 
 

@@ -21,6 +21,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -29,8 +30,8 @@ import orjson
 from cluster.broker import Broker
 from cluster.coordinator import Coordinator, Fetched
 from cluster.group import Reconciled
-from core_log.batch import Record
-from core_log.errors import LogbusError, OffsetOutOfRangeError
+from core_log.errors import LogbusError, OffsetOutOfRangeError, UnreadableRecordError
+from core_log.recordjson import read_on_from
 
 from .budgets import ByteBudget
 from .params import OFFSET_MAX, parse_uint
@@ -40,12 +41,10 @@ from .records import (
     NDJSON,
     Reply,
     check_isolation,
-    decode_from,
     int_param,
     media_range,
     next_offset_after,
 )
-from .records_codec import record_to_json
 from .rendering import encode_json_within
 from .settings import Settings
 
@@ -64,17 +63,31 @@ def sse_held_bytes(max_bytes: int) -> int:
 
 
 SSE_RETRY_MS = 1_000
+# A member's SSE stream whose only readable data is stuck at unreadable records waits this
+# long between polls instead of spinning on them until the member skips them.
+UNREADABLE_BACKOFF_S = 1.0
+
+
+def _rendered(
+    f: Fetched, max_records: int, max_bytes: int, first: bool, *, extra: bytes, sep: bytes
+) -> tuple[bytes, int, int]:
+    """The records of ``f`` rendered within ``max_bytes`` (but one if ``first``), how many,
+    and the offset after them: after the last one sent when the budget cut the answer, never
+    past an unreadable record not yet named (raises :class:`UnreadableRecordError` when it is
+    the first)."""
+    r = encode_json_within(
+        f.result.data, f.offset, max_records, max_bytes, extra=extra, sep=sep, at_least_one=first
+    )
+    if r.full:
+        return r.body, r.count, r.next_offset(f.offset)
+    return r.body, r.count, _next_offset(f, r.count, r.last_offset, max_records, r.stop)
 
 
 def _taken_sse(f: Fetched, max_records: int, max_bytes: int, first: bool) -> tuple[bytes, int, int]:
-    """The events for the records of ``f`` (at most ``max_bytes`` of them, but one if
-    ``first``), how many, and the offset after them (the member SSE stream)."""
-    records = decode_from(f.result.data, f.offset, max_records, max_bytes)
-    events, count = sse_records_within(records, max_bytes, first, f.topic, f.partition)
-    if count < len(records):  # cut by max_bytes: go on after the last record sent
-        return events, count, records[count - 1].offset + 1 if count else f.offset
-    last = records[-1].offset if records else -1
-    return events, count, _next_offset(f, count, last, max_records)
+    """The events for the records of ``f`` (at most ``max_bytes`` of rendered records, but one
+    if ``first``), how many, and the offset after them (the member SSE stream)."""
+    body, count, next_offset = _rendered(f, max_records, max_bytes, first, extra=b"", sep=b"\n")
+    return sse_events(body, count, f.topic, f.partition), count, next_offset
 
 
 def _taken_json(
@@ -84,16 +97,18 @@ def _taken_json(
     partition; at most ``max_bytes`` of them, but one if ``first``), how many, and the offset
     after them."""
     extra = b',"topic":%s,"partition":%d' % (orjson.dumps(f.topic), f.partition)
-    r = encode_json_within(
-        f.result.data, f.offset, max_records, max_bytes, extra=extra, sep=sep, at_least_one=first
-    )
-    if r.full:
-        return r.body, r.count, r.next_offset(f.offset)
-    return r.body, r.count, _next_offset(f, r.count, r.last_offset, max_records)
+    return _rendered(f, max_records, max_bytes, first, extra=extra, sep=sep)
 
 
-def _next_offset(f: Fetched, count: int, last: int, max_records: int) -> int:
-    return next_offset_after(f.offset, count, last, max_records, f.result.next_offset)
+def unreadable_doc(topic: str, partition: int, e: UnreadableRecordError) -> dict[str, Any]:
+    """A partition stopped at a record no reader can serve: the problem, with where it is and
+    how to skip it (read on from ``next_offset``: a member commits it)."""
+    return {**problem_body(e), "topic": topic, "partition": partition}
+
+
+def _next_offset(f: Fetched, count: int, last: int, max_records: int, stop: int | None) -> int:
+    end = read_on_from(int(f.result.next_offset), stop)
+    return next_offset_after(f.offset, count, last, max_records, end)
 
 
 def assignment_doc(r: Reconciled, heartbeat_interval_ms: int) -> dict[str, Any]:
@@ -145,11 +160,16 @@ async def member_poll(
     positions = []
     budget = max_records
     rendered_bytes = 0
+    unreadable: list[dict[str, Any]] = []
     for f in fetched:
         if budget <= 0 or (count and rendered_bytes >= max_bytes):
             break
         room = max_bytes - rendered_bytes
-        body, taken, next_offset = _taken_json(f, budget, room, sep, not count)
+        try:
+            body, taken, next_offset = _taken_json(f, budget, room, sep, not count)
+        except UnreadableRecordError as e:  # this partition waits for the member to skip it
+            unreadable.append(unreadable_doc(f.topic, f.partition, e))
+            continue
         budget -= taken
         count += taken
         if taken:
@@ -171,10 +191,17 @@ async def member_poll(
     headers = {"Logbus-Generation": str(reconciled.epoch)}
     if reconciled.revoking:
         headers["Logbus-Rebalance"] = "revoking"
+    if unreadable:
+        headers["Logbus-Unreadable"] = ",".join(
+            f"{u['topic']}/{u['partition']}@{u['offset']}" for u in unreadable
+        )
     if kind == NDJSON:
         body = b"".join(b + b"\n" for b in bodies)
         return Reply(200, body, NDJSON, headers, count, len(body))
-    tail = orjson.dumps({"positions": positions, **assignment_doc(reconciled, interval)})
+    doc: dict[str, Any] = {"positions": positions, **assignment_doc(reconciled, interval)}
+    if unreadable:
+        doc["unreadable"] = unreadable
+    tail = orjson.dumps(doc)
     body = b'{"records":[' + b",".join(bodies) + b"]," + tail[1:]
     return Reply(200, body, JSON, headers, count, len(body))
 
@@ -207,33 +234,26 @@ def resume_offset(query: Mapping[str, str], headers: Mapping[str, str]) -> int:
     return int_param(query, "offset", None, 0, 2**63 - 1)
 
 
-def sse_records_within(
-    records: list[Record],
-    max_bytes: int,
-    first: bool = True,
-    topic: str | None = None,
-    partition: int = -1,
-) -> tuple[bytes, int]:
-    """Events for the first of ``records`` that fit in ``max_bytes`` (but one if ``first``,
-    so a stream always moves on), and how many."""
-    parts: list[bytes] = []
-    size = 0
-    for r in records:
-        if (parts or not first) and size >= max_bytes:
-            break
-        doc = record_to_json(r)
+def sse_events(body: bytes, count: int, topic: str | None = None, partition: int = -1) -> bytes:
+    """SSE events of ``count`` records rendered by :func:`encode_json` with ``sep=b"\\n"``
+    (one object a line: rendered records hold no raw line break). ``id`` is the next offset;
+    a member's events carry topic and partition, and their ids name them too."""
+    if not count:
+        return b""
+    parts = []
+    for line in body.split(b"\n"):
+        offset = int(line[10 : line.index(b",", 10)])  # {"offset":N,...
         if topic is not None:
-            doc["topic"] = topic
-            doc["partition"] = partition
-            event_id = f"{topic}/{partition}/{r.offset + 1}"
+            head = b'%s,"topic":%s,"partition":%d}' % (
+                line[:-1],
+                orjson.dumps(topic),
+                partition,
+            )
+            event_id = b"%s/%d/%d" % (topic.encode(), partition, offset + 1)
+            parts.append(b"id: %s\ndata: %s\n\n" % (event_id, head))
         else:
-            event_id = str(r.offset + 1)
-        event = b"id: %s\ndata: %s\n\n" % (event_id.encode(), orjson.dumps(doc))
-        if (parts or not first) and size + len(event) > max_bytes:
-            break
-        parts.append(event)
-        size += len(event)
-    return b"".join(parts), len(parts)
+            parts.append(b"id: %d\ndata: %s\n\n" % (offset + 1, line))
+    return b"".join(parts)
 
 
 def sse_event(event: str, doc: Any) -> bytes:
@@ -256,34 +276,58 @@ async def partition_sse(
     p = broker.partition(topic, partition)
     if not p.log_start_offset <= offset <= p.high_watermark:
         raise OffsetOutOfRangeError(offset, p.log_start_offset, p.high_watermark)
-    yield b"retry: %d\n\n" % SSE_RETRY_MS
-    while True:
-        try:
-            p = broker.partition(topic, partition)
-            if p.released:
-                return
-        except LogbusError as e:
-            yield sse_event("error", problem_body(e))
-            return
-        async with budget.held(
-            sse_held_bytes(max_bytes)
-        ):  # from the read until its events are sent
-            try:
-                result = await p.read(offset, SSE_READ_BYTES)
-            except LogbusError as e:
-                yield sse_event("error", problem_body(e))
-                return
-            records = decode_from(result.data, offset, max_records, max_bytes)
-            if records:
-                events, count = sse_records_within(records, max_bytes)
+    # The first read is answered before the stream starts: a record no reader can serve at
+    # ``offset`` is an HTTP error then (500, not retriable), on which an EventSource stops
+    # instead of reconnecting for ever; the client skips it by asking from its next_offset.
+    # Each read and its events are held against max_queued_stream_bytes until sent.
+    held = sse_held_bytes(max_bytes)
+    await budget.wait_reserve(held)
+    reserved = True
+    try:
+        step: tuple[bytes, int] | None = await _sse_step(p, offset, max_records, max_bytes)
+        yield b"retry: %d\n\n" % SSE_RETRY_MS
+        while True:
+            if step is None:
+                await budget.wait_reserve(held)
+                reserved = True
+                try:
+                    p = broker.partition(topic, partition)
+                    if p.released:
+                        return
+                    step = await _sse_step(p, offset, max_records, max_bytes)
+                except LogbusError as e:  # an unreadable record too: the reconnect then stops
+                    yield sse_event("error", problem_body(e))
+                    return
+            events, next_offset = step
+            step = None
+            if events:
                 yield events
-                offset = records[count - 1].offset + 1
+            budget.release(held)
+            reserved = False
+            if events:
+                offset = next_offset
                 continue
-        if result.data and result.next_offset > offset:
-            offset = result.next_offset  # a compacted gap
-            continue
-        if not await p.wait_for(offset, KEEPALIVE_S):
-            yield b": keepalive\n\n"
+            if next_offset > offset:
+                offset = next_offset  # a compacted gap
+                continue
+            if not await p.wait_for(offset, KEEPALIVE_S):
+                yield b": keepalive\n\n"
+    finally:
+        if reserved:
+            budget.release(held)
+
+
+async def _sse_step(p: Any, offset: int, max_records: int, max_bytes: int) -> tuple[bytes, int]:
+    """Events of the records from ``offset`` (b"" if none), at most ``max_bytes`` of rendered
+    records but at least one, and where the stream goes on."""
+    result = await p.read(offset, SSE_READ_BYTES)
+    r = encode_json_within(result.data, offset, max_records, max_bytes, sep=b"\n")
+    if r.full:
+        return sse_events(r.body, r.count), r.next_offset(offset)
+    end = read_on_from(int(result.next_offset) if result.data else offset, r.stop)
+    return sse_events(r.body, r.count), next_offset_after(
+        offset, r.count, r.last_offset, max_records, end
+    )
 
 
 async def member_sse(
@@ -301,6 +345,7 @@ async def member_sse(
     wait_ms = int(min(KEEPALIVE_S * 1000, member.session_timeout_ms / 3))
     yield b"retry: %d\n\n" % SSE_RETRY_MS
     last: tuple[frozenset[tuple[str, int]], frozenset[tuple[str, int]]] | None = None
+    reported: dict[tuple[str, int], int] = {}  # unreadable offsets already announced
     while True:
         try:
             reconciled, fetched = await coordinator.poll(
@@ -323,13 +368,18 @@ async def member_sse(
                 yield sse_event("assignment", assignment_doc(reconciled, wait_ms))
             if reconciled.revoking:
                 coordinator.heartbeat(group_id, member_id, ack=True)
-            out = _member_events(coordinator, group_id, member_id, fetched, max_records, max_bytes)
+            out, stuck = _member_events(
+                coordinator, group_id, member_id, fetched, max_records, max_bytes, reported
+            )
             if out:
                 yield out
             elif not fetched:
                 yield b": keepalive\n\n"
         finally:
             budget.release(held)
+        if fetched and stuck == len(fetched):
+            # only stuck partitions have data: do not spin on them
+            await asyncio.sleep(UNREADABLE_BACKOFF_S)
 
 
 def _member_events(
@@ -339,20 +389,33 @@ def _member_events(
     fetched: list[Fetched],
     max_records: int,
     max_bytes: int,
-) -> bytes:
+    reported: dict[tuple[str, int], int],
+) -> tuple[bytes, int]:
     """Events for up to ``max_records`` of ``fetched`` within ``max_bytes`` rendered (at least
-    one record); the member's positions move past them."""
+    one record), the member's positions moved past them; and how many partitions are stuck at
+    a record no reader can serve (announced once each, as an ``unreadable`` event; such a
+    partition waits until the member commits the error's ``next_offset``)."""
     out = []
     left = max_records
     rendered_bytes = 0
+    stuck = 0
     for f in fetched:
-        events, count, next_offset = _taken_sse(
-            f, left, max_bytes - rendered_bytes, not rendered_bytes
-        )
+        tp = (f.topic, f.partition)
+        try:
+            events, count, next_offset = _taken_sse(
+                f, left, max_bytes - rendered_bytes, not rendered_bytes
+            )
+        except UnreadableRecordError as e:
+            stuck += 1
+            if reported.get(tp) != e.offset:
+                reported[tp] = e.offset
+                out.append(sse_event("unreadable", unreadable_doc(*tp, e)))
+            continue
+        reported.pop(tp, None)
         left -= count
         rendered_bytes += len(events)
-        coordinator.advance(group_id, member_id, (f.topic, f.partition), next_offset)
+        coordinator.advance(group_id, member_id, tp, next_offset)
         out.append(events)
         if left <= 0 or rendered_bytes >= max_bytes:
             break
-    return b"".join(out)
+    return b"".join(out), stuck

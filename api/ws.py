@@ -35,8 +35,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from cluster.assignor import TopicPartition
 from cluster.coordinator import first_of
 from core_log.batch import scan_batches
-from core_log.errors import ErrorCode, LogbusError, UnknownTopicOrPartitionError
-from core_log.recordjson import encode_json
+from core_log.errors import (
+    ErrorCode,
+    LogbusError,
+    UnknownTopicOrPartitionError,
+    UnreadableRecordError,
+)
+from core_log.recordjson import encode_json_upto, read_on_from
 
 from . import records
 from . import ws_protocol as proto
@@ -202,6 +207,7 @@ class Session:
         if not wanted or len(self.positions) + len(wanted) > proto.MAX_SUBSCRIPTIONS:
             raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "subscribe to 1..10000 partitions")
         self.positions.update(wanted)
+        self.blocked.difference_update(wanted)
         self.format = msg.format
         self.changed.set()
         await self.send(
@@ -266,6 +272,8 @@ class Session:
         if self.group is not None and self.member_id is not None:
             member = self.coordinator.member(self.group, self.member_id)
             await self.coordinator.commit(self.group, self.member_id, member.epoch, offsets)
+            self.blocked.difference_update(offsets)  # e.g. past an unreadable record
+            self.changed.set()
         elif msg.group is not None:
             await self.coordinator.commit(msg.group, None, None, offsets)
         else:
@@ -414,13 +422,20 @@ class Session:
         self._read_bytes[tp] = min(READ_BYTES, budget * 2) if full else FIRST_READ_BYTES
         if self.format == "binary":
             return await self._send_binary(tp, pos, result.data, result.high_watermark)
-        return await self._send_json(tp, pos, result, result.high_watermark)
+        try:
+            return await self._send_json(tp, pos, result, result.high_watermark)
+        except UnreadableRecordError as e:
+            # said once (offset, next_offset); the partition waits for the client to skip it:
+            # a member commits next_offset, a subscriber subscribes from it
+            await self._source_failed(tp, e)
+            return 0
 
     async def _send_json(self, tp: TopicPartition, pos: int, result: Any, hw: int) -> int:
         limit = min(self.credit.records, MAX_RECORDS_PER_FRAME)
         room = FRAME_JSON_BYTES if self.credit.bytes is None else self.credit.bytes
         rendered = encode_json_within(result.data, pos, limit, room)
         body, count, last = rendered.body, rendered.count, rendered.last_offset
+        end = read_on_from(result.next_offset, rendered.stop)
         if rendered.full and count:
             limit = count  # stopped by bytes: go on right after the last record sent
         if not count:
@@ -432,7 +447,7 @@ class Session:
             tp[1],
         )
         while True:
-            next_offset = records.next_offset_after(pos, count, last, limit, result.next_offset)
+            next_offset = records.next_offset_after(pos, count, last, limit, end)
             frame = b'%s%s],"next_offset":%d,"high_watermark":%d}' % (head, body, next_offset, hw)
             if self.credit.fits(count, len(frame)):
                 break
@@ -440,7 +455,8 @@ class Session:
                 await self._stalled(tp, 1, len(frame))
                 return 0
             limit = count // 2  # fewer records than were read: stop right after them
-            body, count, last = encode_json(result.data, pos, limit)
+            body, count, last, stop = encode_json_upto(result.data, pos, limit)
+            end = read_on_from(result.next_offset, stop)
         self.credit.use(count, len(frame))
         self._advance(tp, next_offset)
         await self.ws.send_text(frame.decode())

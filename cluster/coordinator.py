@@ -372,6 +372,23 @@ class Coordinator:
         await self._write(
             group_id, {tp: CommittedOffset(o, m, now) for tp, (o, m) in offsets.items()}
         )
+        if member_id is not None:
+            self._skip_to_commits(group_id, member_id, offsets)
+
+    def _skip_to_commits(
+        self, group_id: str, member_id: str, offsets: dict[TopicPartition, tuple[int, str]]
+    ) -> None:
+        """A member's commit past its position moves the position there: committing X says
+        "done below X", so nothing below X is delivered again — and it is how a member skips a
+        record no reader can serve (a poll names its ``next_offset``). Never moves back."""
+        member = self._group(group_id).members.get(member_id)
+        if member is None:
+            return
+        for tp, (offset, _) in offsets.items():
+            pos = member.positions.get(tp)
+            if tp in member.owned and pos is not None and pos < offset:
+                p = self.broker.partition(*tp)
+                member.positions[tp] = min(offset, p.high_watermark)
 
     async def _write(
         self, group_id: str, offsets: dict[TopicPartition, CommittedOffset | None]

@@ -1,14 +1,14 @@
 /* The records section of a Kafka v2 batch -> JSON objects, one per record, in C.
  *
  * The Python twin and the wrapper are core_log/recordjson.py; read its docstring for the
- * output format. This file does one thing: walk the records of one (decompressed) section,
- * exactly as core_log.batch.decode_records_of does, and write for each record at or after
- * ``start_offset`` (at most ``max_records``) the bytes orjson.dumps would write for
- * api.records_codec.record_to_json(record) with ``extra`` appended inside the object.
+ * output format. This file does one thing: walk the records of one (decompressed) section
+ * with the one record walk every reader shares (_recordwalk.h; its Python twin is
+ * core_log.batch.walk_records), and write for each record at or after ``start_offset`` (at
+ * most ``max_records``) its JSON object with ``extra`` appended inside it.
  *
- * Every read is checked against the section's end; a record that lies about its lengths
- * raises CorruptRecordError. The walk runs without the GIL: it touches no Python object,
- * writes into a raw-malloc'd buffer and reports errors as a static message.
+ * A record the walk rejects stops it: what came before is returned with the fault (reason,
+ * offset, structural), and the caller decides. The walk runs without the GIL: it touches no
+ * Python object, writes into a raw-malloc'd buffer and reports faults as static messages.
  *
  * The JSON validator (is a value embedded raw, or sent as base64?) is strict RFC 8259:
  * iterative, nesting limited to MAX_DEPTH, UTF-8 validated, no NaN/Infinity, lone surrogate
@@ -20,11 +20,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_DEPTH 512
-#define MAX_HEADERS_PER_RECORD 1024
-#define MAX_HEADER_KEY_BYTES (64 * 1024)
+#include "_recordwalk.h"
 
-static PyObject *corrupt_error; /* core_log.errors.CorruptRecordError */
+#define MAX_DEPTH 512
+
 
 /* -- output buffer ------------------------------------------------------------------------ */
 
@@ -161,51 +160,6 @@ static int out_b64(out_t *o, const uint8_t *s, size_t n) {
 
 /* -- UTF-8 and JSON validation ------------------------------------------------------------ */
 
-/* Length of the valid UTF-8 sequence at s[0] (s[0] >= 0x80), or 0: exactly the sequences
- * Python's strict decoder accepts (no overlongs, no surrogates, nothing above U+10FFFF). */
-static inline size_t utf8_seq(const uint8_t *s, size_t avail) {
-    uint8_t c = s[0];
-    if (c >= 0xC2 && c <= 0xDF) {
-        return (avail >= 2 && (s[1] & 0xC0) == 0x80) ? 2 : 0;
-    }
-    if (c >= 0xE0 && c <= 0xEF) {
-        if (avail < 3 || (s[2] & 0xC0) != 0x80) return 0;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-        return (s[1] >= lo && s[1] <= hi) ? 3 : 0;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        if (avail < 4 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80) return 0;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-        return (s[1] >= lo && s[1] <= hi) ? 4 : 0;
-    }
-    return 0;
-}
-
-static int utf8_valid(const uint8_t *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        while (i + 8 <= n) {
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            if (w & 0x8080808080808080ULL) break;
-            i += 8;
-        }
-        if (i >= n) break;
-        if (s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k = utf8_seq(s + i, n - i);
-        if (k == 0) return 0;
-        i += k;
-    }
-    return 1;
-}
-
 /* The first position at or after i whose byte is a quote, a backslash, a control character
  * or non-ASCII: everything before it is plain string text. 8 bytes at a time. */
 static inline size_t plain_run(const uint8_t *s, size_t i, size_t n) {
@@ -277,7 +231,7 @@ static size_t json_string(const uint8_t *s, size_t i, size_t n) {
             i++;
             continue;
         }
-        size_t k = utf8_seq(s + i, n - i);
+        size_t k = rw_utf8_seq(s + i, n - i);
         if (k == 0) return 0;
         i += k;
     }
@@ -285,8 +239,69 @@ static size_t json_string(const uint8_t *s, size_t i, size_t n) {
 
 #define IS_DIGIT(c) ((c) >= '0' && (c) <= '9')
 
+/* A number a double cannot hold is not a JSON value for us: JavaScript's JSON.parse turns
+ * 1e999 into Infinity, orjson and many parsers reject it. A decimal overflows a double iff
+ * its magnitude is at least 2^1024 - 2^970 (the midpoint between DBL_MAX and 2^1024: it rounds
+ * up), whose 309 digits are OVERFLOW_DIGITS. Compared digit by digit; no floating point, no
+ * locale, no GIL. Underflow (1e-999 -> 0) is a value. */
+static const char OVERFLOW_DIGITS[] =
+    "17976931348623158079372897140530341507993413271003782693617377898044496829276475"
+    "09466490179775872070963302864166928879109465555478519404026306574886715058206819"
+    "08902000708383676273854845817711531764475730270069855571366959622842914819860834"
+    "936475292719074168444365510704342711559699508093042880177904174497792";
+
+static int number_overflows(const uint8_t *s, size_t i, size_t n) {
+    if (s[i] == '-') i++;
+    size_t int_start = i;
+    while (i < n && IS_DIGIT(s[i])) i++;
+    size_t int_end = i, frac_start = i, frac_end = i;
+    if (i < n && s[i] == '.') {
+        frac_start = ++i;
+        while (i < n && IS_DIGIT(s[i])) i++;
+        frac_end = i;
+    }
+    int64_t exp = 0;
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        int neg = 0;
+        if (s[i] == '+' || s[i] == '-') neg = s[i++] == '-';
+        for (; i < n && IS_DIGIT(s[i]); i++)
+            if (exp < 1000000000) exp = exp * 10 + (s[i] - '0'); /* saturates: far past 309 */
+        if (neg) exp = -exp;
+    }
+    /* the significant digits, integer part then fraction, and the decimal exponent e10 with
+     * |value| = 0.<digits> x 10^e10 */
+    size_t k = int_start;
+    int64_t e10 = (int64_t)(int_end - int_start);
+    while (k < int_end && s[k] == '0') { k++; e10--; }
+    if (k == int_end) { /* no non-zero integer digit: skip the fraction's leading zeros */
+        k = frac_start;
+        while (k < frac_end && s[k] == '0') { k++; e10--; }
+        if (k == frac_end) return 0; /* zero */
+    }
+    e10 += exp;
+    if (e10 != 309) return e10 > 309;
+    /* same magnitude: compare the digits with OVERFLOW_DIGITS */
+    size_t d = 0, p = k;
+    int in_int = k < int_end;
+    for (;;) {
+        if (in_int && p == int_end) {
+            in_int = 0;
+            p = frac_start;
+        }
+        if (!in_int && p >= frac_end) break;
+        char c = OVERFLOW_DIGITS[d];
+        if (c == 0) return 1; /* the threshold's digits, then more: at least the threshold */
+        if ((char)s[p] != c) return (char)s[p] > c;
+        d++;
+        p++;
+    }
+    return OVERFLOW_DIGITS[d] == 0; /* equal to the threshold: rounds up to infinity */
+}
+
 /* A number starting at s[i] ('-' or a digit); the position after it, or 0 if invalid. */
 static size_t json_number(const uint8_t *s, size_t i, size_t n) {
+    size_t start = i;
     if (s[i] == '-') i++;
     if (i >= n) return 0;
     if (s[i] == '0') {
@@ -307,7 +322,7 @@ static size_t json_number(const uint8_t *s, size_t i, size_t n) {
         if (i >= n || !IS_DIGIT(s[i])) return 0;
         while (i < n && IS_DIGIT(s[i])) i++;
     }
-    return i;
+    return number_overflows(s, start, i) ? 0 : i;
 }
 
 /* An object key and its colon at s[i]; the position of the value after it, or 0. */
@@ -396,43 +411,17 @@ typedef struct {
     Py_ssize_t count;
     int64_t last_offset;
     const char *error;
+    int64_t fault_offset;
+    int structural;
 } walk_t;
-
-/* A zig-zag varint at data[*pos], below ``end``, as decode_varint reads it (≤ 10 bytes,
- * ≤ 64 bits). 0 on success. */
-static inline int varint(const uint8_t *d, size_t end, size_t *pos, int64_t *value) {
-    size_t p = *pos;
-    if (p >= end) return -1;
-    uint8_t b = d[p++];
-    uint64_t z = b & 0x7F;
-    if (b >= 0x80) {
-        int shift = 7;
-        for (;;) {
-            if (p >= end) return -1;
-            b = d[p++];
-            if (shift == 63 && (b & 0x7F) > 1) return -1; /* more than 64 bits */
-            z |= (uint64_t)(b & 0x7F) << shift;
-            if (b < 0x80) break;
-            shift += 7;
-            if (shift > 63) return -1; /* longer than 10 bytes */
-        }
-    }
-    *value = (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
-    *pos = p;
-    return 0;
-}
 
 #define FAIL(msg)          \
     do {                   \
         w->error = (msg);  \
         return -1;         \
     } while (0)
-#define VARINT(limit, dst, msg)                                    \
-    do {                                                           \
-        if (varint(d, (limit), &pos, &(dst)) < 0) FAIL(msg);       \
-    } while (0)
-#define OUT(expr)                          \
-    do {                                   \
+#define OUT(expr)                              \
+    do {                                       \
         if ((expr) < 0) FAIL("out of memory"); \
     } while (0)
 
@@ -441,7 +430,7 @@ static int put_text_or_b64(out_t *o, const char *name, size_t name_len, const ui
     /* ',"<name>":' + text, or ',"<name>_b64":' + base64, or ',"<name>":null' */
     if (out_put(o, ",\"", 2) < 0 || out_put(o, name, name_len) < 0) return -1;
     if (len < 0) return PUT_LIT(o, "\":null");
-    if (utf8_valid(s, (size_t)len)) {
+    if (rw_utf8_valid(s, (size_t)len)) {
         if (PUT_LIT(o, "\":") < 0) return -1;
         return out_string(o, s, (size_t)len);
     }
@@ -449,104 +438,67 @@ static int put_text_or_b64(out_t *o, const char *name, size_t name_len, const ui
     return out_b64(o, s, (size_t)len);
 }
 
+/* The records of the section through rw_record() (_recordwalk.h: the rules every reader and
+ * produce share). A record it rejects stops the walk: w->error says why, w->fault_offset which
+ * record (-1 if its bytes do not say) and w->structural whether the rest is unreadable too. A
+ * record before start_offset is walked but not served, so its timestamp is not checked. */
 static int walk(walk_t *w) {
     const uint8_t *d = w->data;
     size_t n = w->n;
     size_t pos = 0;
     out_t *o = &w->out;
-    for (int r = 0; r < w->record_count; r++) {
+    rw_batch b = {w->base_offset, w->base_timestamp, w->max_timestamp, w->log_append_time};
+    w->structural = 1;
+    for (int i = 0; i < w->record_count; i++) {
         if (w->count >= w->max_records) return 0; /* enough: the rest is not read */
-        int64_t length, ts_delta, off_delta, klen, vlen;
-        VARINT(n, length, "truncated record length");
-        if (length < 0 || (uint64_t)length > n - pos) FAIL("record length runs past the batch");
-        size_t end = pos + (size_t)length;
-        pos += 1; /* record attributes: unused in v2 */
-        VARINT(n, ts_delta, "truncated timestamp delta");
-        VARINT(n, off_delta, "truncated offset delta");
-        VARINT(n, klen, "truncated key length");
-        const uint8_t *key = d + pos;
-        if (klen >= 0) {
-            if (pos > end || (uint64_t)klen > end - pos) FAIL("record key runs past the record");
-            pos += (size_t)klen;
+        rw_rec r;
+        r.offset = -1;
+        const char *why = rw_record(d, n, &pos, &b, &r);
+        if (why != NULL) {
+            w->fault_offset = r.offset;
+            FAIL(why);
         }
-        VARINT(n, vlen, "truncated value length");
-        const uint8_t *value = d + pos;
-        if (vlen >= 0) {
-            if (pos > end || (uint64_t)vlen > end - pos) FAIL("record value runs past the record");
-            pos += (size_t)vlen;
+        if (r.offset < w->start_offset) continue;
+        if (!r.ts_ok) {
+            w->fault_offset = r.offset;
+            w->structural = 0;
+            FAIL("timestamp out of range");
         }
-        size_t headers_at = pos;
-        int64_t hcount;
-        VARINT(n, hcount, "truncated header count");
-        if (hcount < 0 || hcount > MAX_HEADERS_PER_RECORD) FAIL("invalid header count");
-        for (int64_t h = 0; h < hcount; h++) {
-            int64_t hklen, hvlen;
-            VARINT(n, hklen, "truncated header key length");
-            if (hklen < 0 || hklen > MAX_HEADER_KEY_BYTES || pos > end ||
-                (uint64_t)hklen > end - pos)
-                FAIL("invalid header key length");
-            if (!utf8_valid(d + pos, (size_t)hklen)) FAIL("header key is not UTF-8");
-            pos += (size_t)hklen;
-            VARINT(n, hvlen, "truncated header value length");
-            if (hvlen >= 0) {
-                if (pos > end || (uint64_t)hvlen > end - pos)
-                    FAIL("header value runs past the record");
-                pos += (size_t)hvlen;
-            }
-        }
-        if (pos != end) FAIL("record length does not match its fields");
-        int64_t offset, ts;
-        if (__builtin_add_overflow(w->base_offset, off_delta, &offset))
-            FAIL("record offset overflows");
-        if (w->log_append_time) {
-            ts = w->max_timestamp;
-        } else if (__builtin_add_overflow(w->base_timestamp, ts_delta, &ts)) {
-            FAIL("record timestamp overflows");
-        }
-        if (offset < w->start_offset) continue;
         /* the object */
         if (w->count > 0) OUT(out_put(o, w->sep, w->sep_len));
         OUT(PUT_LIT(o, "{\"offset\":"));
-        OUT(out_int(o, offset));
+        OUT(out_int(o, r.offset));
         OUT(PUT_LIT(o, ",\"timestamp\":"));
-        OUT(out_int(o, ts));
-        OUT(put_text_or_b64(o, "key", 3, key, klen));
-        if (vlen < 0) {
+        OUT(out_int(o, r.timestamp));
+        OUT(put_text_or_b64(o, "key", 3, d + r.kpos, r.klen));
+        if (r.vlen < 0) {
             OUT(PUT_LIT(o, ",\"value\":null"));
-        } else if (json_valid(value, (size_t)vlen)) {
+        } else if (json_valid(d + r.vpos, (size_t)r.vlen)) {
             OUT(PUT_LIT(o, ",\"value\":"));
-            OUT(out_put_json(o, (const char *)value, (size_t)vlen));
+            OUT(out_put_json(o, (const char *)d + r.vpos, (size_t)r.vlen));
         } else {
             OUT(PUT_LIT(o, ",\"value_b64\":"));
-            OUT(out_b64(o, value, (size_t)vlen));
+            OUT(out_b64(o, d + r.vpos, (size_t)r.vlen));
         }
         OUT(PUT_LIT(o, ",\"headers\":["));
-        if (hcount > 0) {
-            /* walk the headers again: their bounds were all checked above */
-            size_t hp = headers_at;
-            int64_t ignored = 0;
-            (void)varint(d, end, &hp, &ignored);
-            for (int64_t h = 0; h < hcount; h++) {
-                int64_t hklen = 0, hvlen = -1;
-                (void)varint(d, end, &hp, &hklen);
-                const uint8_t *hk = d + hp;
-                hp += (size_t)hklen;
-                (void)varint(d, end, &hp, &hvlen);
-                const uint8_t *hv = d + hp;
-                if (hvlen >= 0) hp += (size_t)hvlen;
-                if (h > 0) OUT(PUT_LIT(o, ","));
-                OUT(PUT_LIT(o, "{\"name\":"));
-                OUT(out_string(o, hk, (size_t)hklen));
-                OUT(put_text_or_b64(o, "value", 5, hv, hvlen));
-                OUT(PUT_LIT(o, "}"));
-            }
+        size_t hp = r.hpos;
+        for (int64_t h = 0; h < r.hcount; h++) {
+            const uint8_t *hk, *hv;
+            int64_t hklen, hvlen;
+            rw_header(d, r.end, &hp, &hk, &hklen, &hv, &hvlen);
+            if (h > 0) OUT(PUT_LIT(o, ","));
+            OUT(PUT_LIT(o, "{\"name\":"));
+            OUT(out_string(o, hk, (size_t)hklen));
+            OUT(put_text_or_b64(o, "value", 5, hv, hvlen));
+            OUT(PUT_LIT(o, "}"));
         }
         OUT(PUT_LIT(o, "]"));
         OUT(out_put(o, w->extra, w->extra_len));
         OUT(PUT_LIT(o, "}"));
         w->count++;
-        w->last_offset = offset;
+        w->last_offset = r.offset;
     }
+    w->fault_offset = -1;
     if (pos != n) FAIL("trailing bytes after the last record");
     return 0;
 }
@@ -556,9 +508,10 @@ static int walk(walk_t *w) {
 PyDoc_STRVAR(encode_section_doc,
 "encode_section(section, record_count, base_offset, base_timestamp, log_append_time,\n"
 "               max_timestamp, start_offset, max_records, extra, sep)\n"
-"-> (bytes, count, last_offset)\n\n"
+"-> (bytes, count, last_offset, fault)\n\n"
 "The JSON objects of the records of one decompressed records section at or after\n"
-"start_offset, at most max_records, joined by sep. Raises CorruptRecordError.");
+"start_offset, at most max_records, joined by sep; fault is None or (reason, offset,\n"
+"structural) for the record that stopped the walk (those before it are in bytes).");
 
 static PyObject *encode_section(PyObject *self, PyObject *args) {
     Py_buffer section, extra, sep;
@@ -592,12 +545,17 @@ static PyObject *encode_section(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     if (w.out.oom) {
         PyErr_NoMemory();
-    } else if (rc < 0) {
-        PyErr_SetString(corrupt_error, w.error);
     } else {
+        /* what was rendered before a fault is served; the fault is the caller's to report */
         PyObject *body = PyBytes_FromStringAndSize(w.out.p ? w.out.p : "", (Py_ssize_t)w.out.len);
-        if (body != NULL) {
-            result = Py_BuildValue("(NnL)", body, w.count, (long long)w.last_offset);
+        PyObject *fault = rc < 0 ? Py_BuildValue("(sLO)", w.error, (long long)w.fault_offset,
+                                                 w.structural ? Py_True : Py_False)
+                                 : Py_NewRef(Py_None);
+        if (body != NULL && fault != NULL) {
+            result = Py_BuildValue("(NnLN)", body, w.count, (long long)w.last_offset, fault);
+        } else {
+            Py_XDECREF(body);
+            Py_XDECREF(fault);
         }
     }
     PyMem_RawFree(w.out.p);
@@ -629,16 +587,12 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__recordjson(void) {
-    PyObject *errors = PyImport_ImportModule("core_log.errors");
-    if (errors == NULL) return NULL;
-    corrupt_error = PyObject_GetAttrString(errors, "CorruptRecordError");
-    Py_DECREF(errors);
-    if (corrupt_error == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "MAX_DEPTH", MAX_DEPTH) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_HEADERS_PER_RECORD", MAX_HEADERS_PER_RECORD) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_HEADER_KEY_BYTES", MAX_HEADER_KEY_BYTES) < 0) {
+        PyModule_AddIntConstant(m, "MAX_HEADERS_PER_RECORD", RW_MAX_HEADERS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_HEADER_KEY_BYTES", RW_MAX_HEADER_KEY_BYTES) < 0 ||
+        PyModule_AddObject(m, "MAX_TIMESTAMP_MS", PyLong_FromLongLong(RW_MAX_TIMESTAMP_MS)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

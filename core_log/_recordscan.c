@@ -1,17 +1,13 @@
 /*
- * Structural validation of the records section of a Kafka record batch v2, in C.
+ * Visitors of the one record walk (_recordwalk.h) for the storage engine, in C:
  *
- * scan_records(data: bytes-like, count: int, max_headers: int) -> None
- *   Walks `count` records (see core_log/batch.py for the layout), checking every varint,
- *   every length against the record's end, offset deltas 0..count-1, header counts and UTF-8
- *   header keys, and that the records end exactly at the end of `data`.
- *   Raises ValueError("record N: reason") on the first violation.
- *
- * The pure-Python twin is core_log.recordscan.scan_records_py; the two must agree (tested).
- *
+ * scan_records(data, count, base_offset, base_timestamp, max_timestamp, log_append_time,
+ *              strict) -> None | (index, reason, offset, structural)   produce validation
  * scan_keys(data, count) -> [(key, offset_delta, tombstone)]   for compaction
  * batch_columns(data, start, end, include_headers) -> tuple | None   Arrow buffers for readers
- *   (see its comment below; twin: core_log.recordscan.batch_columns_py)
+ *
+ * The Python twins are in core_log.recordscan (over core_log.batch.walk_records); they agree
+ * with these on every input (tests/core_log/test_recordwalk.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -19,155 +15,86 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    const uint8_t *p;
-    Py_ssize_t pos;
-    Py_ssize_t end;
-} Cursor;
+#include "_recordwalk.h"
 
-/* Zig-zag varint of at most 10 bytes within [pos, end). Returns 0 on failure. */
-static int read_varint(Cursor *c, int64_t *out) {
-    uint64_t z = 0;
-    int shift = 0;
-    while (c->pos < c->end) {
-        uint8_t b = c->p[c->pos++];
-        if (shift == 63 && b > 1) return 0;
-        z |= (uint64_t)(b & 0x7F) << shift;
-        if (b < 0x80) {
-            *out = (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
-            return 1;
-        }
-        shift += 7;
-        if (shift > 63) return 0;
-    }
-    return 0;
-}
+static PyObject *no_fault(void) { Py_RETURN_NONE; }
 
-static int skip_bytes(Cursor *c, int64_t len, int nullable) {
-    if (len == -1 && nullable) return 1;
-    if (len < 0 || len > c->end - c->pos) return 0;
-    c->pos += (Py_ssize_t)len;
-    return 1;
-}
-
-static int valid_utf8(const uint8_t *s, Py_ssize_t n) {
-    Py_ssize_t i = 0;
-    while (i < n) {
-        uint8_t b = s[i];
-        int extra;
-        uint32_t cp;
-        if (b < 0x80) { i++; continue; }
-        else if ((b & 0xE0) == 0xC0) { extra = 1; cp = b & 0x1F; }
-        else if ((b & 0xF0) == 0xE0) { extra = 2; cp = b & 0x0F; }
-        else if ((b & 0xF8) == 0xF0) { extra = 3; cp = b & 0x07; }
-        else return 0;
-        if (i + extra >= n) return 0; /* continuation bytes past the end */
-        for (int k = 1; k <= extra; k++) {
-            uint8_t cb = s[i + k];
-            if ((cb & 0xC0) != 0x80) return 0;
-            cp = (cp << 6) | (cb & 0x3F);
-        }
-        if ((extra == 1 && cp < 0x80) || (extra == 2 && cp < 0x800) ||
-            (extra == 3 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-            (cp >= 0xD800 && cp <= 0xDFFF))
-            return 0;
-        i += extra + 1;
-    }
-    return 1;
-}
-
-/* The walk itself touches no Python object, so it runs without the GIL: concurrent produce
- * requests validate their batches in parallel. Returns NULL on success, else the reason and
- * the failing record index in *at. */
-static const char *walk(const uint8_t *p, Py_ssize_t n, Py_ssize_t count, Py_ssize_t max_headers,
-                        Py_ssize_t *at) {
-    Cursor all = {p, 0, n};
-    for (Py_ssize_t i = 0; i < count; i++) {
-        int64_t length, ts_delta, off_delta, klen, vlen, hcount;
-        *at = i;
-        if (!read_varint(&all, &length)) return "bad record length varint";
-        if (length < 1 || length > n - all.pos) return "record length runs past the batch";
-        Cursor c = {p, all.pos, all.pos + (Py_ssize_t)length};
-        c.pos++; /* attributes */
-        if (!read_varint(&c, &ts_delta)) return "bad timestamp delta";
-        if (!read_varint(&c, &off_delta)) return "bad offset delta";
-        if (off_delta != i) return "offset deltas must be 0..n-1";
-        if (!read_varint(&c, &klen) || !skip_bytes(&c, klen, 1)) return "key runs past the record";
-        if (!read_varint(&c, &vlen) || !skip_bytes(&c, vlen, 1))
-            return "value runs past the record";
-        if (!read_varint(&c, &hcount) || hcount < 0 || hcount > max_headers)
-            return "invalid header count";
-        for (int64_t h = 0; h < hcount; h++) {
-            int64_t hklen, hvlen;
-            if (!read_varint(&c, &hklen) || hklen < 0 || hklen > c.end - c.pos)
-                return "header key runs past the record";
-            if (!valid_utf8(p + c.pos, (Py_ssize_t)hklen)) return "header key is not UTF-8";
-            c.pos += (Py_ssize_t)hklen;
-            if (!read_varint(&c, &hvlen) || !skip_bytes(&c, hvlen, 1))
-                return "header value runs past the record";
-        }
-        if (c.pos != c.end) return "record length does not match its fields";
-        all.pos = c.end;
-    }
-    *at = count;
-    if (all.pos != n) return "trailing bytes after the last record";
-    return NULL;
-}
-
+/* scan_records(data, count, base_offset, base_timestamp, max_timestamp, log_append_time,
+ *              strict) -> None | (index, reason, offset, structural)
+ * Walks every record with rw_record() (the rules are in _recordwalk.h) and checks every
+ * timestamp; ``strict`` (a producer's batch) also wants offset deltas 0..count-1. Returns the
+ * first fault, or None. The walk runs without the GIL: concurrent produce requests validate
+ * their batches in parallel. Twin: core_log.batch.walk_records. */
 static PyObject *scan_records(PyObject *self, PyObject *args) {
     Py_buffer buf;
-    Py_ssize_t count, max_headers, at = 0;
-    const char *why;
-    if (!PyArg_ParseTuple(args, "y*nn", &buf, &count, &max_headers)) return NULL;
+    Py_ssize_t count;
+    long long base_offset, base_ts, max_ts;
+    int append_time, strict;
+    if (!PyArg_ParseTuple(args, "y*nLLLpp", &buf, &count, &base_offset, &base_ts, &max_ts,
+                          &append_time, &strict))
+        return NULL;
+    rw_batch b = {base_offset, base_ts, max_ts, append_time};
+    const uint8_t *d = (const uint8_t *)buf.buf;
+    size_t n = (size_t)buf.len, pos = 0;
+    const char *why = NULL;
+    Py_ssize_t i = 0;
+    rw_rec r;
+    int structural = 1;
+    r.offset = -1;
     Py_BEGIN_ALLOW_THREADS
-    why = walk((const uint8_t *)buf.buf, buf.len, count, max_headers, &at);
+    for (i = 0; i < count; i++) {
+        r.offset = -1;
+        why = rw_record(d, n, &pos, &b, &r);
+        if (why != NULL) break;
+        if (strict && r.off_delta != i) { why = "offset deltas must be 0..n-1"; break; }
+        if (!r.ts_ok) { why = "timestamp out of range"; structural = 0; break; }
+    }
+    if (why == NULL && pos != n) { why = "trailing bytes after the last record"; r.offset = -1; }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buf);
-    if (why != NULL) {
-        PyErr_Format(PyExc_ValueError, "record %zd: %s", at, why);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    if (why == NULL) return no_fault();
+    return Py_BuildValue("(nsLO)", i, why, (long long)r.offset, structural ? Py_True : Py_False);
 }
 
 /* scan_keys(data, count) -> list[(key: bytes | None, offset_delta: int, tombstone: bool)]
- * for a records section already validated (by the log); raises ValueError if it is not. */
+ * for compaction: rw_record()'s rules, timestamps unchecked (keys need none). Raises
+ * ValueError on a record it rejects. */
 static PyObject *scan_keys(PyObject *self, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t count;
     if (!PyArg_ParseTuple(args, "y*n", &buf, &count)) return NULL;
-    const uint8_t *p = (const uint8_t *)buf.buf;
-    Py_ssize_t n = buf.len;
+    const uint8_t *d = (const uint8_t *)buf.buf;
+    size_t n = (size_t)buf.len, pos = 0;
+    rw_batch b = {0, 0, 0, 0};
+    const char *why = NULL;
     PyObject *out = PyList_New(0);
     if (out == NULL) goto error;
-    Cursor all = {p, 0, n};
     for (Py_ssize_t i = 0; i < count; i++) {
-        int64_t length, ts_delta, off_delta, klen, vlen;
-        if (!read_varint(&all, &length) || length < 1 || length > n - all.pos) goto bad;
-        Cursor c = {p, all.pos, all.pos + (Py_ssize_t)length};
-        c.pos++;
-        if (!read_varint(&c, &ts_delta) || !read_varint(&c, &off_delta)) goto bad;
-        if (!read_varint(&c, &klen) || klen < -1 || klen > c.end - c.pos) goto bad;
+        rw_rec r;
+        why = rw_record(d, n, &pos, &b, &r);
+        if (why != NULL) goto bad;
         PyObject *key;
-        if (klen < 0) {
+        if (r.klen < 0) {
             key = Py_NewRef(Py_None);
         } else {
-            key = PyBytes_FromStringAndSize((const char *)p + c.pos, (Py_ssize_t)klen);
+            key = PyBytes_FromStringAndSize((const char *)d + r.kpos, (Py_ssize_t)r.klen);
             if (key == NULL) goto error;
-            c.pos += (Py_ssize_t)klen;
         }
-        if (!read_varint(&c, &vlen)) { Py_DECREF(key); goto bad; }
-        PyObject *item = Py_BuildValue("(NLO)", key, (long long)off_delta, vlen < 0 ? Py_True : Py_False);
+        PyObject *item = Py_BuildValue("(NLO)", key, (long long)r.off_delta,
+                                       r.vlen < 0 ? Py_True : Py_False);
         if (item == NULL) goto error;
         int rc = PyList_Append(out, item);
         Py_DECREF(item);
         if (rc < 0) goto error;
-        all.pos = c.end;
+    }
+    if (pos != n) {
+        why = "trailing bytes after the last record";
+        goto bad;
     }
     PyBuffer_Release(&buf);
     return out;
 bad:
-    PyErr_SetString(PyExc_ValueError, "records section is not valid");
+    PyErr_SetString(PyExc_ValueError, why);
 error:
     Py_XDECREF(out);
     PyBuffer_Release(&buf);
@@ -257,6 +184,7 @@ typedef struct {
     Bitmap kvalid, vvalid, hvvalid;
     Py_ssize_t rows;
     int64_t next_offset;
+    int64_t fault_offset; /* the record a failure is about, or -1 */
 } Columns;
 
 static void columns_free(Columns *c) {
@@ -314,54 +242,44 @@ static const char *columns_walk(const uint8_t *p, Py_ssize_t n, int64_t start, i
         int control = (attributes & 0x20) != 0;
         Py_ssize_t batch_end = pos + 12 + (Py_ssize_t)blen;
         if (last_delta < 0 || count < 0) return "invalid batch header";
-        int64_t batch_next = base + last_delta + 1;
+        int64_t batch_next;
+        if (__builtin_add_overflow(base, last_delta + 1, &batch_next))
+            return "invalid batch header";
         if (!control && batch_next > start) {
-            Cursor all = {p, pos + 61, batch_end};
+            const uint8_t *sec = p + pos + 61;
+            size_t sn = (size_t)(batch_end - pos - 61), sp = 0;
+            rw_batch b = {base, base_ts, max_ts, append_time};
             for (int64_t i = 0; i < count; i++) {
-                int64_t length, ts_delta, off_delta, klen, vlen, hcount;
-                if (!read_varint(&all, &length) || length < 1 || length > all.end - all.pos)
-                    return "record length runs past the batch";
-                Cursor r = {p, all.pos + 1, all.pos + (Py_ssize_t)length};
-                all.pos = r.end;
-                if (!read_varint(&r, &ts_delta) || !read_varint(&r, &off_delta))
-                    return "bad timestamp or offset delta";
-                int64_t offset = base + off_delta;
-                if (offset < start) continue;
-                if (offset >= end) break;
-                Py_ssize_t kpos, vpos;
-                if (!read_varint(&r, &klen) || klen < -1 || klen > r.end - r.pos)
-                    return "key runs past the record";
-                kpos = r.pos;
-                r.pos += klen > 0 ? (Py_ssize_t)klen : 0;
-                if (!read_varint(&r, &vlen) || vlen < -1 || vlen > r.end - r.pos)
-                    return "value runs past the record";
-                vpos = r.pos;
-                r.pos += vlen > 0 ? (Py_ssize_t)vlen : 0;
-                int64_t ts = append_time ? max_ts : base_ts + ts_delta;
-                if (!put_i64(&c->b[COL_OFFSETS], offset) || !put_i64(&c->b[COL_TS], ts * 1000) ||
+                rw_rec r;
+                r.offset = -1;
+                const char *why = rw_record(sec, sn, &sp, &b, &r);
+                if (why != NULL) {
+                    c->fault_offset = r.offset;
+                    return why;
+                }
+                if (r.offset < start || r.offset >= end) continue;
+                int64_t ts_us;
+                if (!r.ts_ok || __builtin_mul_overflow(r.timestamp, (int64_t)1000, &ts_us)) {
+                    c->fault_offset = r.offset;
+                    return "timestamp out of range";
+                }
+                if (!put_i64(&c->b[COL_OFFSETS], r.offset) || !put_i64(&c->b[COL_TS], ts_us) ||
                     !put_i32(&c->b[COL_TSTYPE], append_time) ||
-                    !put_bytes(&c->b[COL_KOFF], &c->b[COL_KDATA], &c->kvalid, p + kpos, klen) ||
-                    !put_bytes(&c->b[COL_VOFF], &c->b[COL_VDATA], &c->vvalid, p + vpos, vlen))
+                    !put_bytes(&c->b[COL_KOFF], &c->b[COL_KDATA], &c->kvalid, sec + r.kpos, r.klen) ||
+                    !put_bytes(&c->b[COL_VOFF], &c->b[COL_VDATA], &c->vvalid, sec + r.vpos, r.vlen))
                     return OOM;
                 if (headers) {
-                    if (!read_varint(&r, &hcount) || hcount < 0 || hcount > r.end - r.pos)
-                        return "invalid header count";
-                    for (int64_t k = 0; k < hcount; k++) {
+                    size_t hp = r.hpos;
+                    for (int64_t k = 0; k < r.hcount; k++) {
+                        const uint8_t *hk, *hv;
                         int64_t hklen, hvlen;
-                        if (!read_varint(&r, &hklen) || hklen < 0 || hklen > r.end - r.pos)
-                            return "header key runs past the record";
-                        if (!valid_utf8(p + r.pos, (Py_ssize_t)hklen)) return "header key is not UTF-8";
-                        if (!buf_put(&c->b[COL_HKDATA], p + r.pos, (Py_ssize_t)hklen) ||
+                        rw_header(sec, r.end, &hp, &hk, &hklen, &hv, &hvlen);
+                        if (!buf_put(&c->b[COL_HKDATA], hk, (Py_ssize_t)hklen) ||
                             c->b[COL_HKDATA].len > INT32_MAX ||
                             !put_i32(&c->b[COL_HKOFF], (int32_t)c->b[COL_HKDATA].len))
                             return OOM;
-                        r.pos += (Py_ssize_t)hklen;
-                        if (!read_varint(&r, &hvlen) || hvlen < -1 || hvlen > r.end - r.pos)
-                            return "header value runs past the record";
-                        if (!put_bytes(&c->b[COL_HVOFF], &c->b[COL_HVDATA], &c->hvvalid,
-                                       p + r.pos, hvlen))
+                        if (!put_bytes(&c->b[COL_HVOFF], &c->b[COL_HVDATA], &c->hvvalid, hv, hvlen))
                             return OOM;
-                        r.pos += hvlen > 0 ? (Py_ssize_t)hvlen : 0;
                         if (nheaders == INT32_MAX) return OOM;
                         nheaders++;
                     }
@@ -369,6 +287,7 @@ static const char *columns_walk(const uint8_t *p, Py_ssize_t n, int64_t start, i
                 }
                 c->rows++;
             }
+            if (sp != sn) return "trailing bytes after the last record";
         }
         if (batch_next > c->next_offset) c->next_offset = batch_next;
         pos = batch_end;
@@ -391,6 +310,7 @@ static PyObject *batch_columns(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*LLp", &buf, &start, &end, &headers)) return NULL;
     Columns c;
     memset(&c, 0, sizeof c);
+    c.fault_offset = -1;
     int compressed = 0;
     const char *why;
     Py_BEGIN_ALLOW_THREADS
@@ -400,7 +320,7 @@ static PyObject *batch_columns(PyObject *self, PyObject *args) {
     PyObject *out = NULL;
     if (why != NULL) {
         if (why == OOM) PyErr_NoMemory();
-        else PyErr_SetString(PyExc_ValueError, why);
+        else PyErr_Format(PyExc_ValueError, "offset %lld: %s", (long long)c.fault_offset, why);
     } else if (compressed) {
         out = Py_NewRef(Py_None);
     } else if (headers) {
@@ -430,7 +350,9 @@ static PyMethodDef methods[] = {
     {"scan_keys", scan_keys, METH_VARARGS,
      "scan_keys(data, count): [(key, offset_delta, tombstone)] of a validated records section"},
     {"scan_records", scan_records, METH_VARARGS,
-     "scan_records(data, count, max_headers): validate a records section or raise ValueError"},
+     "scan_records(data, count, base_offset, base_timestamp, max_timestamp, log_append_time, "
+     "strict): the first fault of a records section as (index, reason, offset, structural), "
+     "or None"},
     {"batch_columns", batch_columns, METH_VARARGS,
      "batch_columns(data, start_offset, end_offset, include_headers): Arrow column buffers of "
      "the records in [start, end) of whole uncompressed batches, or None if one is compressed"},

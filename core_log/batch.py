@@ -33,6 +33,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import crc32c as _crc32c
 
@@ -41,6 +42,7 @@ from .errors import (
     CorruptRecordError,
     DecompressedTooLargeError,
     InvalidRecordError,
+    InvalidTimestampError,
     RecordTooLargeError,
 )
 from .limits import (
@@ -51,6 +53,8 @@ from .limits import (
     MAX_HEADERS_PER_RECORD,
     MAX_PRODUCED_DECOMPRESSED_BYTES,
     MAX_RECORDS_PER_BATCH,
+    MAX_TIMESTAMP_MS,
+    NO_TIMESTAMP,
 )
 from .recordscan import check_records
 
@@ -77,6 +81,7 @@ DELETE_HORIZON_MASK = 0x40
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
+_INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,10 +437,14 @@ def validate_batch(
                 "transactions are not supported yet: send the batch without the transactional "
                 "attribute (bit 4); an idempotent producer id and sequence are supported"
             )
+        if not timestamp_ok(h.max_timestamp):
+            raise InvalidTimestampError(
+                f"maxTimestamp {h.max_timestamp} is out of range (-1 or 0..{MAX_TIMESTAMP_MS} ms)"
+            )
         body = memoryview(buf)[pos + RECORDS_OFFSET : pos + size]
         if h.compression is not Compression.NONE:
             body = memoryview(_decompress_capped(h, bytes(body), max_decompressed_bytes))
-        check_records(body, h.record_count)
+        check_records(body, h.record_count, 0, h.base_timestamp, h.max_timestamp, h.log_append_time)
     return h
 
 
@@ -506,115 +515,195 @@ def decode_records(buf: bytes | memoryview, pos: int = 0) -> list[Record]:
 
 
 def decode_records_of(h: BatchHeader, data: bytes) -> list[Record]:
-    """Decode the records section ``data`` of batch ``h``.
+    """Decode the records section ``data`` of batch ``h`` (every record, absolute offsets and
+    timestamps). Raises :class:`CorruptRecordError` on any record :func:`walk_records` rejects."""
+    records, fault = walk_records(h, data)
+    if fault is not None:
+        raise CorruptRecordError(f"record {fault.record}: {fault.reason}", offset=fault.offset)
+    return records
 
-    One- and two-byte varints (the lengths and deltas of records under 8 KiB) are decoded
-    inline; the general decoder handles the rest. Every length is checked against the section's end.
-    """
+
+class Fault(NamedTuple):
+    """Why the record walk stopped: record number ``record`` of the section, the reason (the same
+    words as the C walk's), the record's offset (-1 if its bytes do not say) and whether the
+    rest of the section is unreadable (``structural``) or only this record (a timestamp)."""
+
+    record: int
+    reason: str
+    offset: int
+    structural: bool
+
+
+TIMESTAMP_OUT_OF_RANGE = "timestamp out of range"
+_NO_START = -(2**63)
+
+
+def timestamp_ok(ts: int) -> bool:
+    """Can every reader render this record timestamp (ms)? -1 (none) or 0..year 9999."""
+    return ts == NO_TIMESTAMP or 0 <= ts <= MAX_TIMESTAMP_MS
+
+
+def _varint_in(data: bytes, pos: int, end: int) -> tuple[int, int] | None:
+    """A varint at ``pos`` that ends at or before ``end``, or None."""
+    if pos >= end:
+        return None
+    b = data[pos]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos + 1
+    if pos + 1 < end and data[pos + 1] < 0x80:  # two bytes: lengths of 64..8191
+        z = (b & 0x7F) | (data[pos + 1] << 7)
+        return (z >> 1) ^ -(z & 1), pos + 2
+    try:
+        value, nxt = decode_varint(data, pos)
+    except CorruptRecordError:
+        return None
+    return (value, nxt) if nxt <= end else None
+
+
+def walk_records(
+    h: BatchHeader,
+    data: bytes,
+    start_offset: int = _NO_START,
+    *,
+    limit: int = MAX_RECORDS_PER_BATCH,
+    strict: bool = False,
+    check_timestamps: bool = True,
+) -> tuple[list[Record], Fault | None]:
+    """The one Python walk over a records section: the twin of ``_recordwalk.h`` (same rules,
+    same reasons; see there). Returns the records at or after ``start_offset`` (at most
+    ``limit``; the walk stops there) and the fault that stopped it, or None. Records before
+    ``start_offset`` are walked but not served, so their timestamps are not checked; nor are
+    any with ``check_timestamps=False``. ``strict`` (a producer's batch) also requires offset
+    deltas 0..n-1 and that the records end exactly at the end of ``data``."""
     out: list[Record] = []
-    append = out.append
-    pos = 0
     n = len(data)
-    dv = decode_varint
+    pos = 0
     base_offset = h.base_offset
     base_ts = h.base_timestamp
-    append_time = h.max_timestamp if h.log_append_time else None
+    max_ts = h.max_timestamp
+    append_time = h.log_append_time
+    append = out.append
+    vi = _varint_in
+    int64_max, ts_max = _INT64_MAX, MAX_TIMESTAMP_MS
+    served = 0
+    i = offset = 0
     try:
-        for _ in range(h.record_count):
-            b = data[pos]
-            if b < 0x80:
+        for i in range(h.record_count):
+            if served >= limit:
+                return out, None
+            offset = -1
+            if pos < n and (b := data[pos]) < 0x80:  # one-byte varints inline: the common case
                 length, pos = (b >> 1) ^ -(b & 1), pos + 1
-            elif data[pos + 1] < 0x80:
-                z = (b & 0x7F) | (data[pos + 1] << 7)
-                length, pos = (z >> 1) ^ -(z & 1), pos + 2
             else:
-                length, pos = dv(data, pos)
+                got = vi(data, pos, n)
+                if got is None:
+                    raise _Bad("bad record length varint")
+                length, pos = got
+            if length < 1 or length > n - pos:
+                raise _Bad("record length runs past the section")
             end = pos + length
-            if length < 0 or end > n:
-                raise CorruptRecordError("record length runs past the batch")
-            pos += 1  # record attributes: unused in v2
-            b = data[pos]
-            if b < 0x80:
+            pos += 1  # the attributes byte, unused in v2
+            if pos < end and (b := data[pos]) < 0x80:
                 ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
-            elif data[pos + 1] < 0x80:
-                z = (b & 0x7F) | (data[pos + 1] << 7)
-                ts_delta, pos = (z >> 1) ^ -(z & 1), pos + 2
             else:
-                ts_delta, pos = dv(data, pos)
-            b = data[pos]
-            if b < 0x80:
+                got = vi(data, pos, end)
+                if got is None:
+                    raise _Bad("bad timestamp delta")
+                ts_delta, pos = got
+            if pos < end and (b := data[pos]) < 0x80:
                 off_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
-            elif data[pos + 1] < 0x80:
-                z = (b & 0x7F) | (data[pos + 1] << 7)
-                off_delta, pos = (z >> 1) ^ -(z & 1), pos + 2
             else:
-                off_delta, pos = dv(data, pos)
-            b = data[pos]
-            if b < 0x80:
+                got = vi(data, pos, end)
+                if got is None:
+                    raise _Bad("bad offset delta")
+                off_delta, pos = got
+            if off_delta < 0 or base_offset + off_delta > int64_max:
+                raise _Bad("offset delta out of range")
+            offset = base_offset + off_delta
+            if pos < end and (b := data[pos]) < 0x80:
                 klen, pos = (b >> 1) ^ -(b & 1), pos + 1
+                if klen < -1 or klen > end - pos:
+                    raise _Bad("key runs past the record")
             else:
-                klen, pos = dv(data, pos)
-            key: bytes | None = None
-            if klen >= 0:
-                if pos + klen > end:
-                    raise CorruptRecordError("record key runs past the record")
+                got = vi(data, pos, end)
+                if got is None or got[0] < -1 or got[0] > end - got[1]:
+                    raise _Bad("key runs past the record")
+                klen, pos = got
+            if klen < 0:
+                key = None
+            else:
                 key = data[pos : pos + klen]
                 pos += klen
-            b = data[pos]
-            if b < 0x80:
-                vlen, pos = (b >> 1) ^ -(b & 1), pos + 1
-            elif data[pos + 1] < 0x80:  # two bytes: values of 64..8191 bytes
-                z = (b & 0x7F) | (data[pos + 1] << 7)
+            if pos + 1 < end and (b := data[pos]) >= 0x80 and (b2 := data[pos + 1]) < 0x80:
+                z = (b & 0x7F) | (b2 << 7)  # two bytes: values of 64..8191 bytes
                 vlen, pos = (z >> 1) ^ -(z & 1), pos + 2
+                if vlen < -1 or vlen > end - pos:
+                    raise _Bad("value runs past the record")
             else:
-                vlen, pos = dv(data, pos)
-            value: bytes | None = None
-            if vlen >= 0:
-                if pos + vlen > end:
-                    raise CorruptRecordError("record value runs past the record")
+                got = vi(data, pos, end)
+                if got is None or got[0] < -1 or got[0] > end - got[1]:
+                    raise _Bad("value runs past the record")
+                vlen, pos = got
+            if vlen < 0:
+                value = None
+            else:
                 value = data[pos : pos + vlen]
                 pos += vlen
-            if data[pos] == 0:  # no headers: the common case
+            if pos < end and data[pos] == 0:  # no headers: the common case
                 headers: tuple[tuple[str, bytes | None], ...] = ()
                 pos += 1
             else:
-                headers, pos = _decode_headers(data, pos, end)
+                headers, pos = _walk_headers(data, pos, end)
             if pos != end:
-                raise CorruptRecordError("record length does not match its fields")
-            ts = append_time if append_time is not None else base_ts + ts_delta
-            append(Record(value, key, headers, ts, base_offset + off_delta))
-    except IndexError:
-        raise CorruptRecordError("record runs past the batch") from None
+                raise _Bad("record length does not match its fields")
+            if strict and off_delta != i:
+                raise _Bad("offset deltas must be 0..n-1")
+            if offset < start_offset:
+                continue
+            ts = max_ts if append_time else base_ts + ts_delta
+            if check_timestamps and not 0 <= ts <= ts_max and ts != NO_TIMESTAMP:
+                return out, Fault(i, TIMESTAMP_OUT_OF_RANGE, offset, False)
+            append(Record(value, key, headers, ts, offset))
+            served += 1
+    except _Bad as e:
+        return out, Fault(i, e.reason, offset, True)
     if pos != n:
-        raise CorruptRecordError("trailing bytes after the last record")
-    return out
+        return out, Fault(h.record_count, "trailing bytes after the last record", -1, True)
+    return out, None
 
 
-def _decode_headers(
+class _Bad(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _walk_headers(
     data: bytes, pos: int, end: int
 ) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
-    dv = decode_varint
-    hcount, pos = dv(data, pos)
-    if hcount < 0 or hcount > MAX_HEADERS_PER_RECORD:
-        raise CorruptRecordError(f"invalid header count {hcount}")
+    vi = _varint_in
+    got = vi(data, pos, end)
+    if got is None or not 0 <= got[0] <= MAX_HEADERS_PER_RECORD:
+        raise _Bad("invalid header count")
+    hcount, pos = got
     headers: list[tuple[str, bytes | None]] = []
     for _ in range(hcount):
-        hklen, pos = dv(data, pos)
-        if hklen < 0 or hklen > MAX_HEADER_KEY_BYTES or pos + hklen > end:
-            raise CorruptRecordError(f"invalid header key length {hklen}")
+        got = vi(data, pos, end)
+        if got is None or got[0] < 0 or got[0] > end - got[1]:
+            raise _Bad("header key runs past the record")
+        hklen, pos = got
+        if hklen > MAX_HEADER_KEY_BYTES:
+            raise _Bad("header key too long")
         try:
             hk = data[pos : pos + hklen].decode()
         except UnicodeDecodeError:
-            raise CorruptRecordError("header key is not UTF-8") from None
+            raise _Bad("header key is not UTF-8") from None
         pos += hklen
-        hvlen, pos = dv(data, pos)
-        hv: bytes | None = None
-        if hvlen >= 0:
-            if pos + hvlen > end:
-                raise CorruptRecordError("header value runs past the record")
-            hv = data[pos : pos + hvlen]
-            pos += hvlen
-        headers.append((hk, hv))
+        got = vi(data, pos, end)
+        if got is None or got[0] < -1 or got[0] > end - got[1]:
+            raise _Bad("header value runs past the record")
+        hvlen, pos = got
+        headers.append((hk, None if hvlen < 0 else data[pos : pos + hvlen]))
+        pos += max(hvlen, 0)
     return tuple(headers), pos
 
 

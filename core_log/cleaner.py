@@ -47,6 +47,7 @@ Theory of operation (Kafka's LogCleaner, one log at a time)
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,20 +57,24 @@ from .batch import (
     HEADER_BYTES,
     PREFIX_BYTES,
     BatchHeader,
-    decode_records_of,
     delete_horizon_of,
     parse_header,
     rebuild_batch,
     records_section,
+    timestamp_ok,
+    walk_records,
 )
 from .checkpoint import fsync_dir, read_json, write_json
 from .config import LONG_MAX
+from .errors import CorruptRecordError
 from .handles import RetiredHandleError
 from .recordscan import record_keys
 from .segment import LogSegment
 
 if TYPE_CHECKING:
     from .log import PartitionLog
+
+logger = logging.getLogger(__name__)
 
 CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
 DEFAULT_MAX_KEYS = 1_000_000
@@ -217,7 +222,7 @@ def _build_map(
             if h.next_offset <= first_dirty:
                 continue
             if not h.is_control:
-                for key, delta, _ in record_keys(records_section(raw, h), h.record_count):
+                for key, delta, _ in _keys_or_none(raw, h) or ():
                     offset = h.base_offset + delta
                     if offset < first_dirty or key is None:
                         continue
@@ -298,11 +303,14 @@ def _clean(
                 producer_last = (
                     h.producer_id >= 0 and last_batch_of.get(h.producer_id) == h.base_offset
                 )
+                section = b""
+                keys = None
                 if not (h.is_control or h.is_transactional):
                     # Decide from keys alone (C scan, no Record objects); decode the batch in
-                    # full only when it is rewritten.
-                    section = records_section(raw, h)
-                    keys = record_keys(section, h.record_count)
+                    # full only when it is rewritten. An unreadable batch is kept as it is.
+                    section = _section_or_empty(raw, h)
+                    keys = _keys_or_none(raw, h, section)
+                if keys is not None:
                     horizon = delete_horizon_of(h)
                     expired = horizon is not None and now >= horizon
                     keep = [
@@ -326,9 +334,17 @@ def _clean(
                         next_horizon = min(next_horizon, new_horizon)
                     emptied = not kept_count and not producer_last  # e.g. an old empty batch
                     if kept_count != len(keys) or new_horizon != horizon or emptied:
-                        kept = [
-                            r for r, k in zip(decode_records_of(h, section), keep, strict=True) if k
-                        ]
+                        records, _ = walk_records(h, section, check_timestamps=False)
+                        kept = [r for r, k in zip(records, keep, strict=True) if k]
+                        if not all(timestamp_ok(r.timestamp) for r in kept):
+                            logger.warning(
+                                "compaction keeps batch at offset %d as it is: a record "
+                                "timestamp is out of range",
+                                h.base_offset,
+                            )
+                            if new is not None:
+                                _append(new, out, throttle)
+                            continue
                         if new is None:
                             new = log.new_cleaned_segment(old.base_offset)
                             written.append(new)
@@ -380,3 +396,25 @@ def _clean(
         bytes_after,
         True,
     )
+
+
+def _section_or_empty(raw: bytes, h: BatchHeader) -> bytes:
+    try:
+        return records_section(raw, h)
+    except CorruptRecordError:
+        return b""
+
+
+def _keys_or_none(
+    raw: bytes, h: BatchHeader, section: bytes | None = None
+) -> list[tuple[bytes | None, int, bool]] | None:
+    """The batch's (key, offset delta, tombstone) list, or None when its bytes are unreadable:
+    such a batch (written before produce checked what it checks now, or corrupt) is kept as it
+    is and its keys are not compacted, instead of failing every pass on that log."""
+    try:
+        if section is None:
+            section = records_section(raw, h)
+        return record_keys(section, h.record_count)
+    except CorruptRecordError as e:
+        logger.warning("compaction keeps unreadable batch at %d as it is: %s", h.base_offset, e)
+        return None

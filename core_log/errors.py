@@ -8,6 +8,8 @@ status the API answers with. Programmer errors stay ``AssertionError``/``TypeErr
     ├── CorruptRecordError          CORRUPT_MESSAGE          400
     │   └── DecompressedTooLargeError   (a compressed batch expands past the cap it is read with)
     ├── InvalidRecordError          INVALID_RECORD           400
+    ├── UnreadableRecordError       CORRUPT_MESSAGE          500  (not retriable; a stored record)
+    ├── InvalidTimestampError       INVALID_TIMESTAMP        400
     ├── RecordTooLargeError         RECORD_TOO_LARGE         413
     ├── OffsetOutOfRangeError       OFFSET_OUT_OF_RANGE      416  (carries the valid range)
     ├── UnknownTopicOrPartitionError UNKNOWN_TOPIC_OR_PARTITION 404
@@ -96,6 +98,8 @@ class LogbusError(Exception):
     """An operating error with a Kafka-style code. ``detail`` holds extra structured fields."""
 
     code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+    retriable_override: bool | None = None  # a class whose answer differs from its code's
+    http_status_override: int | None = None
 
     def __init__(self, message: str, *, code: ErrorCode | None = None, **detail: Any) -> None:
         super().__init__(message)
@@ -106,7 +110,13 @@ class LogbusError(Exception):
 
     @property
     def retriable(self) -> bool:
-        return self.code.retriable
+        r = self.retriable_override
+        return self.code.retriable if r is None else r
+
+    @property
+    def http_status(self) -> int:
+        s = self.http_status_override
+        return self.code.http_status if s is None else s
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.code.name}: {self.message})"
@@ -127,6 +137,28 @@ class InvalidRecordError(LogbusError):
     """A batch is well formed but not acceptable (bad offsets, magic, timestamps, null key)."""
 
     code = ErrorCode.INVALID_RECORD
+
+
+class InvalidTimestampError(LogbusError):
+    """A record's timestamp is one no reader can render (not -1, nor 0..year 9999 in ms)."""
+
+    code = ErrorCode.INVALID_TIMESTAMP
+
+
+class UnreadableRecordError(CorruptRecordError):
+    """A record already in the log that no reader can serve (written before produce checked
+    what it checks now, or corrupted on disk). It is the broker's data, not the request's
+    fault, and retrying reads the same bytes: CORRUPT_MESSAGE, HTTP 500, *not* retriable.
+    ``offset`` names the record; a consumer skips it by reading on from ``next_offset``."""
+
+    code = ErrorCode.CORRUPT_MESSAGE
+    retriable_override = False
+    http_status_override = 500
+
+    def __init__(self, message: str, *, offset: int, next_offset: int, **detail: Any) -> None:
+        super().__init__(message, offset=offset, next_offset=next_offset, **detail)
+        self.offset = offset
+        self.next_offset = next_offset
 
 
 class RecordTooLargeError(LogbusError):

@@ -38,6 +38,13 @@ MAX_PRODUCED_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 MAX_HEADERS_PER_RECORD = 1024
 MAX_HEADER_KEY_BYTES = 64 * 1024
 
+# Record timestamps (ms since the epoch) every reader can render: -1 (none) or 0 up to
+# 9999-12-31T23:59:59.999Z. Java's Instant and Python's datetime stop at year 9999 (datetime)
+# or far beyond (Instant), and Arrow's int64 microseconds overflow near 2^63 / 1000 ms, so a
+# timestamp near 2^63 is accepted by no reader; produce rejects it (INVALID_TIMESTAMP).
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+NO_TIMESTAMP = -1
+
 # A single fetch never returns more than this, whatever max_bytes a caller asks for.
 MAX_FETCH_BYTES = 64 * 1024 * 1024
 

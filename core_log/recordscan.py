@@ -1,101 +1,74 @@
-"""Structural validation of every record in a batch, as Kafka's broker does on produce.
+"""Visitors of the one record walk for the storage engine: produce validation, compaction keys,
+Arrow columns.
 
 A CRC proves the bytes arrived as the producer sent them, not that they are records: a batch
-whose records lie about their lengths or offsets would be stored and then fail every reader.
-So produced batches are walked record by record — every varint, every length against its
-record's end, offset deltas 0..n-1, header counts, UTF-8 header keys — before anything is
-appended.
+whose records lie about their lengths or offsets, carry a 100 KiB header name or a timestamp
+near 2^63 would be stored and then fail every reader, for ever. So produced batches are walked
+record by record, with the same walk and the same rules as every reader (``_recordwalk.h`` in
+C; its Python twin is :func:`core_log.batch.walk_records`): what produce accepts, every reader
+can serve.
 
-The walk is per record, so it runs in C (``_recordscan.c``) when the optional extension was
-built, and in Python otherwise; measured on a 1 MiB batch of 100-byte records, strict
-validation with the CRC runs at ≈ 3.7 GB/s with C and the Python twin at 16 to 55 MB/s. Both
-raise ``CorruptRecordError``.
+The walk is per record, so it runs in C (``_recordscan.c``, without the GIL), and in Python
+only where the extension was deliberately not built (``LOGBUS_PURE_PYTHON=1``); measured on a
+1 MiB batch of 100-byte records, strict validation with the CRC runs at ≈ 3.7 GB/s with C and
+the Python twin at 16 to 55 MB/s.
 
-Two more walks share the C module, each with a Python twin: ``record_keys`` (what compaction
-needs) and ``batch_columns`` (the records of a fetch answer as Arrow column buffers, for the
-Spark source: no Python object per record).
+Two more visitors share the C module, each with a Python twin: ``record_keys`` (what
+compaction needs) and ``batch_columns`` (the records of a fetch answer as Arrow column buffers,
+for the Spark source: no Python object per record).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from .errors import CorruptRecordError
-from .limits import MAX_HEADERS_PER_RECORD
+from .errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError
+from .limits import MAX_HEADER_KEY_BYTES
 
-_Scanner = Callable[[bytes | memoryview, int, int], None]
-
-
-def scan_records_py(data: bytes | memoryview, count: int, max_headers: int) -> None:
-    """The Python twin of ``_recordscan.scan_records`` (same checks, same messages)."""
-    from .batch import decode_varint
-
-    buf = bytes(data)
-    n = len(buf)
-    pos = 0
-    for i in range(count):
-        try:
-            length, pos = decode_varint(buf, pos)
-        except CorruptRecordError:
-            raise ValueError(f"record {i}: bad record length varint") from None
-        if length < 1 or length > n - pos:
-            raise ValueError(f"record {i}: record length runs past the batch")
-        end = pos + length
-        record = buf[pos + 1 : end]
-        _scan_one(record, i, max_headers)
-        pos = end
-    if pos != n:
-        raise ValueError(f"record {count}: trailing bytes after the last record")
+# (index, reason, offset or -1, structural): the first record the walk rejects
+Fault = tuple[int, str, int, bool]
+_Scanner = Callable[[bytes | memoryview, int, int, int, int, bool, bool], Fault | None]
 
 
-def _scan_one(record: bytes, i: int, max_headers: int) -> None:
-    from .batch import decode_varint
+def scan_records_py(
+    data: bytes | memoryview,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    log_append_time: bool,
+    strict: bool,
+) -> Fault | None:
+    """The Python twin of ``_recordscan.scan_records`` (same faults, same reasons)."""
+    from .batch import TIMESTAMP_TYPE_MASK, BatchHeader, walk_records
 
-    def varint(pos: int, what: str) -> tuple[int, int]:
-        try:
-            return decode_varint(record, pos)
-        except CorruptRecordError:
-            raise ValueError(f"record {i}: {what}") from None
-
-    end = len(record)
-    _, pos = varint(0, "bad timestamp delta")
-    off_delta, pos = varint(pos, "bad offset delta")
-    if off_delta != i:
-        raise ValueError(f"record {i}: offset deltas must be 0..n-1")
-    for what in ("key", "value"):
-        size, pos = varint(pos, f"{what} runs past the record")
-        if size < -1 or size > end - pos:
-            raise ValueError(f"record {i}: {what} runs past the record")
-        pos += max(size, 0)
-    hcount, pos = varint(pos, "invalid header count")
-    if hcount < 0 or hcount > max_headers:
-        raise ValueError(f"record {i}: invalid header count")
-    for _ in range(hcount):
-        hklen, pos = varint(pos, "header key runs past the record")
-        if hklen < 0 or hklen > end - pos:
-            raise ValueError(f"record {i}: header key runs past the record")
-        try:
-            record[pos : pos + hklen].decode()
-        except UnicodeDecodeError:
-            raise ValueError(f"record {i}: header key is not UTF-8") from None
-        pos += hklen
-        hvlen, pos = varint(pos, "header value runs past the record")
-        if hvlen < -1 or hvlen > end - pos:
-            raise ValueError(f"record {i}: header value runs past the record")
-        pos += max(hvlen, 0)
-    if pos != end:
-        raise ValueError(f"record {i}: record length does not match its fields")
+    h = BatchHeader(
+        base_offset,
+        0,
+        0,
+        2,
+        0,
+        TIMESTAMP_TYPE_MASK if log_append_time else 0,
+        max(count - 1, 0),
+        base_timestamp,
+        max_timestamp,
+        -1,
+        -1,
+        -1,
+        count,
+    )
+    _, fault = walk_records(h, bytes(data), strict=strict)
+    return None if fault is None else tuple(fault)  # type: ignore[return-value]
 
 
 def scan_keys_py(data: bytes | memoryview, count: int) -> list[tuple[bytes | None, int, bool]]:
     """The Python twin of ``_recordscan.scan_keys``: (key, offset delta, tombstone) per record."""
-    from .batch import BatchHeader, decode_records_of
+    from .batch import BatchHeader, walk_records
 
     h = BatchHeader(0, 0, 0, 2, 0, 0, max(count - 1, 0), 0, 0, -1, -1, -1, count)
-    try:
-        records = decode_records_of(h, bytes(data))
-    except CorruptRecordError as e:
-        raise ValueError(str(e)) from None
+    records, fault = walk_records(h, bytes(data), check_timestamps=False)
+    if fault is not None:
+        raise ValueError(fault.reason)
     return [(r.key, r.offset, r.value is None) for r in records]
 
 
@@ -108,7 +81,7 @@ try:
     NATIVE = True
     _scan: _Scanner = _native_scan
     _keys: _KeyScanner = _native_keys
-except ImportError:  # no compiler at install time
+except ImportError:  # built with LOGBUS_PURE_PYTHON=1
     NATIVE = False
     _scan = scan_records_py
     _keys = scan_keys_py
@@ -116,20 +89,41 @@ except ImportError:  # no compiler at install time
 
 def record_keys(data: bytes | memoryview, count: int) -> list[tuple[bytes | None, int, bool]]:
     """(key, offset delta, tombstone) of each record of a records section the log holds —
-    what compaction needs, without building a Record per record."""
+    what compaction needs, without building a Record per record. Timestamps are not checked
+    (compaction needs none, and must not stall on one record a reader cannot render)."""
     try:
         return _keys(data, count)
     except ValueError as e:
         raise CorruptRecordError(f"invalid records: {e}") from None
 
 
-def check_records(data: bytes | memoryview, count: int) -> None:
-    """Raise :class:`CorruptRecordError` unless ``data`` holds exactly ``count`` valid records
-    with offset deltas 0..count-1."""
-    try:
-        _scan(data, count, MAX_HEADERS_PER_RECORD)
-    except ValueError as e:
-        raise CorruptRecordError(f"invalid records: {e}") from None
+def check_records(
+    data: bytes | memoryview,
+    count: int,
+    base_offset: int = 0,
+    base_timestamp: int = 0,
+    max_timestamp: int = 0,
+    log_append_time: bool = False,
+) -> None:
+    """Raise unless ``data`` holds exactly ``count`` records every reader can serve, with offset
+    deltas 0..count-1 (a producer's batch): :class:`InvalidTimestampError` for a timestamp
+    outside -1 / 0..year 9999, else :class:`CorruptRecordError`."""
+    fault = _scan(data, count, base_offset, base_timestamp, max_timestamp, log_append_time, True)
+    if fault is None:
+        return
+    index, reason, _, structural = fault
+    if not structural:
+        raise InvalidTimestampError(
+            f"record {index}: {reason} (a timestamp is -1 or 0..253402300799999 ms)",
+            record_index=index,
+        )
+    if reason == "header key too long":  # well formed, over a documented cap
+        raise InvalidRecordError(
+            f"record {index}: a header key is longer than {MAX_HEADER_KEY_BYTES} bytes",
+            record_index=index,
+            max_header_key_bytes=MAX_HEADER_KEY_BYTES,
+        )
+    raise CorruptRecordError(f"invalid records: record {index}: {reason}", record_index=index)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,7 +184,14 @@ def batch_columns_py(
     skipped), or None if a batch is compressed. See ``_recordscan.c`` for the tuple's layout."""
     import array
 
-    from .batch import CONTROL_MASK, RECORDS_OFFSET, decode_records_of, scan_batches
+    from .batch import (
+        CONTROL_MASK,
+        RECORDS_OFFSET,
+        TIMESTAMP_OUT_OF_RANGE,
+        scan_batches,
+        timestamp_ok,
+        walk_records,
+    )
 
     buf = bytes(data)
     batches = list(scan_batches(buf))
@@ -212,15 +213,15 @@ def batch_columns_py(
             break
         if not h.attributes & CONTROL_MASK and h.next_offset > start_offset:
             section = buf[pos + RECORDS_OFFSET : pos + h.size_bytes]
-            try:
-                records = decode_records_of(h, section)
-            except CorruptRecordError as e:
-                raise ValueError(str(e)) from None
+            records, fault = walk_records(h, section, start_offset, check_timestamps=False)
+            for r in records:  # as the C walk: a bad timestamp before a structural fault first
+                if r.offset < end_offset and not timestamp_ok(r.timestamp):
+                    raise ValueError(f"offset {r.offset}: {TIMESTAMP_OUT_OF_RANGE}")
+            if fault is not None:
+                raise ValueError(f"offset {fault.offset}: {fault.reason}")
             for r in records:
-                if r.offset < start_offset:
-                    continue
                 if r.offset >= end_offset:
-                    break
+                    continue
                 offsets.append(r.offset)
                 stamps.append(r.timestamp * 1000)
                 types.append(1 if h.log_append_time else 0)
@@ -261,7 +262,7 @@ try:
     from ._recordscan import batch_columns as _native_columns
 
     _columns: _ColumnScanner = _native_columns
-except ImportError:  # no compiler at install time, or an extension built before batch_columns
+except ImportError:  # built with LOGBUS_PURE_PYTHON=1
     _columns = batch_columns_py
 
 

@@ -30,8 +30,11 @@ from .batch import (
     LOG_OVERHEAD,
     MAGIC,
     BatchHeader,
-    decode_records,
+    Record,
+    records_section,
+    timestamp_ok,
     validate_batch,
+    walk_records,
 )
 from .errors import CorruptRecordError, KafkaStorageError, StorageFullError
 from .handles import Handle, HandleCache, RetiredHandleError
@@ -502,7 +505,7 @@ def first_at_or_after(data: bytes, h: BatchHeader, timestamp: int, min_offset: i
     except CorruptRecordError:
         columns = None
     if columns is None:
-        for record in decode_records(data):
+        for record in _readable_records(data, h):
             if record.timestamp >= timestamp and record.offset >= min_offset:
                 return record.offset
         return None
@@ -517,3 +520,16 @@ def first_at_or_after(data: bytes, h: BatchHeader, timestamp: int, min_offset: i
         if first is not None:
             return offsets[first]
     return None
+
+
+def _readable_records(data: bytes, h: BatchHeader) -> list[Record]:
+    """The records of the batch ``data`` a timestamp lookup can use: one unreadable record
+    (stored before produce checked what it checks now, or corrupt) must not fail every lookup
+    on its partition, so the walk's fault ends the list instead of raising, and a record whose
+    timestamp no reader renders is left out."""
+    try:
+        section = records_section(data, h)
+    except CorruptRecordError:
+        return []
+    records, _ = walk_records(h, section, check_timestamps=False)
+    return [r for r in records if timestamp_ok(r.timestamp)]  # others say nothing of time

@@ -146,9 +146,7 @@ async def _serve(
     try:
         reply = await call
     except LogbusError as e:
-        state.metrics.observe(
-            route, method, topic, e.code.http_status, time.perf_counter() - started
-        )
+        state.metrics.observe(route, method, topic, e.http_status, time.perf_counter() - started)
         raise
     state.metrics.observe(
         route,

@@ -147,7 +147,8 @@ def test_an_admin_body_that_stops_arriving_gets_408_quietly(broker: BrokerProces
     error."""
     with connect(broker) as s:
         s.sendall(
-            b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n".encode()
+            + b"Content-Type: application/json\r\n"
             b'Content-Length: 100\r\n\r\n{"name": '
         )
         status, _, body = read_answer(s)

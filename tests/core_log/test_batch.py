@@ -57,6 +57,7 @@ from core_log.limits import (
     MAX_DECOMPRESSED_BYTES,
     MAX_PRODUCED_DECOMPRESSED_BYTES,
     MAX_RECORDS_PER_BATCH,
+    MAX_TIMESTAMP_MS,
 )
 
 # Deterministic (seeded from the test itself), no example database written into the repo, and
@@ -83,7 +84,7 @@ headers = st.lists(
 ).map(tuple)
 # Absolute timestamps are >= 0 (a negative one means "unset" to build_batch), but they need not
 # be ordered: later records may be older than the first, giving negative timestamp deltas.
-timestamps = st.integers(NOW_MS - 10_000, NOW_MS + 10_000) | st.integers(0, 2**53)
+timestamps = st.integers(NOW_MS - 10_000, NOW_MS + 10_000) | st.integers(0, MAX_TIMESTAMP_MS)
 records_st = st.builds(Record, value=blobs, key=blobs, headers=headers, timestamp=timestamps)
 record_lists = st.lists(records_st, min_size=1, max_size=25)
 producer_ids = st.integers(-1, INT64_MAX)

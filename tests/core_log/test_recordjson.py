@@ -15,7 +15,7 @@ from api.records_codec import record_to_json
 from core_log import recordjson
 from core_log.batch import RECORDS_OFFSET, Record, build_batch, iter_records
 from core_log.compression import Compression
-from core_log.errors import CorruptRecordError
+from core_log.errors import CorruptRecordError, UnreadableRecordError
 from core_log.recordjson import MAX_DEPTH, encode_json, encode_section_py, is_json_py
 
 pytestmark = pytest.mark.skipif(
@@ -53,6 +53,25 @@ values = st.one_of(
     st.sampled_from(
         [b"NaN", b"[1,]", b'"\\ud800"', b'"\\ud83d\\ude00"', b"1e999", b"-0", b"01", b'"\x01"']
     ),
+    # the edges of the one JSON rule: numbers around what a double holds, nesting at the
+    # limit +-1, invalid UTF-8, lone surrogate escapes
+    st.from_regex(r"-?(0|[1-9][0-9]{0,320})(\.[0-9]{1,4})?([eE][+-]?[0-9]{1,4})?", fullmatch=True)
+    .map(str.encode)
+    .filter(lambda b: b"\n" not in b),
+    st.sampled_from(
+        [
+            b"-1e999",
+            b"1e308",
+            b"[1e309]",
+            b"1.7976931348623159e308",
+            b"[" * (MAX_DEPTH - 1) + b"]" * (MAX_DEPTH - 1),
+            b"[" * MAX_DEPTH + b"]" * MAX_DEPTH,
+            b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1),
+            b'"\xff"',
+            b'"\\udc00"',
+            b'["\\ud800x"]',
+        ]
+    ),
 )
 texts = st.one_of(st.text(max_size=12), st.text(st.characters(max_codepoint=0x3F), max_size=12))
 keys = st.one_of(st.none(), st.binary(max_size=12), texts.map(str.encode))
@@ -88,13 +107,8 @@ def build(specs: list[tuple[list[Record], Compression, bool, int]]) -> bytes:
 
 
 def reference(r: Record) -> dict[str, Any]:
-    """record_to_json, parsed back; but a value that orjson refuses and RFC 8259 allows
-    (1e999, see core_log.recordjson) is expected embedded."""
+    """record_to_json (what SSE and the CLI render), parsed back."""
     doc: dict[str, Any] = json.loads(orjson.dumps(record_to_json(r)))
-    if "value_b64" in doc and r.value is not None and is_json_py(r.value):
-        doc = {k: v for k, v in doc.items() if k not in ("value_b64", "headers")}
-        doc["value"] = json.loads(r.value)
-        doc["headers"] = json.loads(orjson.dumps(record_to_json(r)["headers"]))
     return doc
 
 
@@ -168,10 +182,20 @@ def test_skips_batches_before_start_and_ignores_a_partial_tail() -> None:
 # -- the validator --------------------------------------------------------------------------
 
 
+def _finite(text: str) -> float:
+    f = float(text)
+    if f in (float("inf"), float("-inf")):
+        raise ValueError("overflows a double")
+    return f
+
+
 def strict_loads(raw: bytes) -> bool:
-    """The reference: stdlib json, strict, no NaN/Infinity; valid UTF-8 only."""
+    """The reference: stdlib json, strict, no NaN/Infinity, no number a double cannot hold;
+    valid UTF-8 only."""
     try:
-        json.loads(raw.decode(), parse_constant=lambda c: 1 / 0)
+        json.loads(
+            raw.decode(), parse_constant=lambda c: 1 / 0, parse_int=_finite, parse_float=_finite
+        )
     except (ValueError, ZeroDivisionError, RecursionError):
         return False
     return True
@@ -202,7 +226,23 @@ def test_validator_accepts_any_dumped_json(v: Any, ensure_ascii: bool, indent: b
 @pytest.mark.parametrize(
     ("raw", "ok"),
     [
-        (b"1e999", True),  # RFC 8259 puts no limit on numbers (orjson rejects: infinity)
+        # one rule: a number a double cannot hold is not a value (JSON.parse gives Infinity,
+        # orjson refuses it): sent as value_b64 by every renderer
+        (b"1e999", False),
+        (b"-1e999", False),
+        (b'[1,{"a":1e999}]', False),
+        (b"1E+309", False),
+        (b"1e308", True),
+        (b"1.7976931348623157e308", True),  # DBL_MAX
+        (b"-1.7976931348623158e308", True),  # rounds down to DBL_MAX
+        (b"1.7976931348623159e308", False),  # rounds up to infinity
+        (str(2**1024 - 2**970).encode(), False),  # the midpoint: rounds to infinity
+        (str(2**1024 - 2**970 - 1).encode(), True),
+        (b"1" + b"0" * 308, True),
+        (b"1" + b"0" * 309, False),
+        (b"0." + b"0" * 400 + b"1e709", True),
+        (b"1e-999", True),  # underflow is 0: a value
+        (b"0e999999999999999999999", True),
         (b"123456789012345678901234567890", True),
         (b'"\\ud83d\\ude00"', True),
         (b'"\\ud800"', False),  # a lone surrogate escape
@@ -239,12 +279,28 @@ def test_validator_cases(raw: bytes, ok: bool) -> None:
 # -- corrupt input ---------------------------------------------------------------------------
 
 
+def read_all(enc: Any, data: bytes) -> list[tuple[Any, ...]]:
+    """What a consumer that skips unreadable records sees, reading from 0 to the end."""
+    trace: list[tuple[Any, ...]] = []
+    start = 0
+    for _ in range(1_000):
+        try:
+            body, count, last = encode_json(data, start, 10_000, encoder=enc)
+        except UnreadableRecordError as e:
+            assert e.next_offset > e.offset >= start
+            trace.append(("unreadable", e.offset, e.next_offset, e.retriable, e.http_status))
+            start = e.next_offset
+            continue
+        if count == 0:
+            return trace
+        trace.append(("records", body, count, last))
+        start = last + 1
+    raise AssertionError("a consumer that skips unreadable records never got to the end")
+
+
 def verdict(enc: Any, data: bytes) -> str:
-    try:
-        encode_json(data, 0, 10_000, encoder=enc)
-    except CorruptRecordError:
-        return "corrupt"
-    return "ok"
+    trace = read_all(enc, data)
+    return "corrupt" if any(t[0] == "unreadable" for t in trace) else "ok"
 
 
 @settings(max_examples=300, deadline=None)
@@ -261,7 +317,8 @@ def test_corrupt_records_raise_in_both(rs: list[Record], data: st.DataObject) ->
         head = bytearray(batch[:RECORDS_OFFSET])
         head[8:12] = (RECORDS_OFFSET - 12 + cut).to_bytes(4, "big")
         bad = bytes(head) + bytes(batch[RECORDS_OFFSET : RECORDS_OFFSET + cut])
-        assert verdict(C, bad) == verdict(PY, bad) == "corrupt"
+        assert read_all(C, bad) == read_all(PY, bad)
+        assert verdict(C, bad) == "corrupt"
         return
     if kind == "garbage":  # random bytes in place of the records
         body = data.draw(st.binary(min_size=1, max_size=section_len))
@@ -272,10 +329,7 @@ def test_corrupt_records_raise_in_both(rs: list[Record], data: st.DataObject) ->
         at = data.draw(st.integers(RECORDS_OFFSET, len(batch) - 1))
         batch[at] = data.draw(st.integers(0, 255))
         bad = bytes(batch)
-    c, py = verdict(C, bad), verdict(PY, bad)
-    assert c == py
-    if c == "ok":
-        assert encode_json(bad, 0, 10_000, encoder=C) == encode_json(bad, 0, 10_000, encoder=PY)
+    assert read_all(C, bad) == read_all(PY, bad)
 
 
 @pytest.mark.parametrize("enc", [C, PY], ids=["c", "py"])
@@ -292,10 +346,77 @@ def test_corrupt_compressed_and_codec(enc: Any) -> None:
 
 @pytest.mark.parametrize("enc", [C, PY], ids=["c", "py"])
 def test_wrong_record_count_raises(enc: Any) -> None:
-    batch = bytearray(build_batch([Record(b"1"), Record(b"2")]))
+    """The records before the fault are served; reading on from the fault raises, naming the
+    offset, not retriable, and where to skip to (past the batch: its bytes are unreadable)."""
+    batch = bytearray(build_batch([Record(b"1"), Record(b"2")], last_offset_delta=2))
     batch[57:61] = (3).to_bytes(4, "big")  # claims 3 records
-    with pytest.raises(CorruptRecordError):
-        encode_json(bytes(batch), 0, 10, encoder=enc)
+    assert encode_json(bytes(batch), 0, 10, encoder=enc)[1:] == (2, 1)
+    with pytest.raises(UnreadableRecordError) as e:
+        encode_json(bytes(batch), 2, 10, encoder=enc)
+    assert (e.value.offset, e.value.next_offset, e.value.retriable) == (2, 3, False)
     batch[57:61] = (1).to_bytes(4, "big")  # claims 1: trailing bytes
-    with pytest.raises(CorruptRecordError):
-        encode_json(bytes(batch), 0, 10, encoder=enc)
+    assert encode_json(bytes(batch), 0, 10, encoder=enc)[1:] == (1, 0)
+    with pytest.raises(UnreadableRecordError) as e:
+        encode_json(bytes(batch), 1, 10, encoder=enc)
+    assert (e.value.offset, e.value.next_offset) == (1, 3)
+
+
+# -- the one JSON rule for numbers ---------------------------------------------------------
+
+_THRESHOLD = 2**1024 - 2**970  # the smallest magnitude that rounds to infinity
+
+
+def _near_threshold(n: int, shift: int, neg: bool) -> bytes:
+    """n written as digits moved ``shift`` places across the point, and the exponent back."""
+    digits = str(n)
+    text = f"0.{digits}e{len(digits)}" if shift == 0 else f"{digits}e0"
+    if shift > 0:
+        text = f"{digits[:-shift] or '0'}.{digits[-shift:]}e{shift}"
+    return (("-" if neg else "") + text).encode()
+
+
+numbers = st.one_of(
+    st.from_regex(r"-?(0|[1-9][0-9]{0,330})(\.[0-9]{1,330})?([eE][+-]?[0-9]{1,5})?", fullmatch=True)
+    .map(str.encode)
+    .filter(lambda b: b"\n" not in b),
+    st.builds(
+        _near_threshold,
+        st.integers(_THRESHOLD - 10**6, _THRESHOLD + 10**6),
+        st.integers(0, 300),
+        st.booleans(),
+    ),
+)
+
+
+@settings(max_examples=1500, deadline=None, derandomize=True)
+@given(numbers)
+def test_a_number_is_a_json_value_iff_a_double_holds_it(raw: bytes) -> None:
+    """C, the Python twin and Python's float (correctly rounded) agree, around 2^1024 too."""
+    finite = float(raw) not in (float("inf"), float("-inf"))
+    assert recordjson.is_json(raw) is finite
+    assert is_json_py(raw) is finite
+    assert recordjson.is_json(b"[%s]" % raw) is finite
+
+
+def test_every_renderer_sends_an_overflowing_number_as_base64() -> None:
+    """fetch/NDJSON/WebSocket (encode_json, C), SSE and the CLI (record_to_json): one answer."""
+    batch = build_batch([Record(b"1e999"), Record(b"[" * 513 + b"]" * 513), Record(b"1e308")])
+    body, count, _ = encode_json(batch, 0, 10, sep=b"\n")
+    docs = [json.loads(line) for line in body.split(b"\n")]
+    assert count == len(docs) == 3
+    assert ["value_b64" in d for d in docs] == [True, True, False]
+    for r, d in zip(iter_records(batch), docs, strict=True):
+        assert json.loads(orjson.dumps(record_to_json(r))) == d
+
+
+@pytest.mark.parametrize("enc", [C, PY], ids=["c", "py"])
+def test_an_answer_stops_before_an_unreadable_record_and_says_where(enc: Any) -> None:
+    """Whatever else the read held, a reader goes on from the unreadable record, not past it."""
+    good = build_batch([Record(b"1")], base_offset=0)
+    bad = build_batch([Record(b"2", timestamp=2**62)], base_offset=1)  # past year 9999
+    after = build_batch([Record(b"3")], base_offset=2)
+    data = good + bad + after
+    _, count, last, stop = recordjson.encode_json_upto(data, 0, 100, encoder=enc)
+    assert (count, last, stop) == (1, 0, 1)
+    assert recordjson.read_on_from(3, stop) == 1
+    assert recordjson.encode_json_upto(after, 2, 100, encoder=enc)[3] is None
