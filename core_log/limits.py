@@ -40,3 +40,16 @@ OFF_LOOP_IO_BYTES = 256 * 1024
 
 # Pending waiters on one partition (long-polls); beyond it callers get an immediate answer.
 MAX_WAITERS_PER_PARTITION = 100_000
+
+# Partitions of one topic (Kafka has no fixed cap; creating 10,000 empty partitions takes about
+# a second; see benchmarks/admin.py for the memory an empty partition costs).
+MAX_PARTITIONS_PER_TOPIC = 10_000
+
+# Partitions on one broker, internal topics included (KIP-578's max.broker.partitions): each
+# pins the descriptor of its active segment, so the default stays below a 20,000-descriptor
+# RLIMIT_NOFILE with room for connections.
+DEFAULT_MAX_BROKER_PARTITIONS = 15_000
+
+# Partition logs created per worker-thread hop when a topic is created or grown: the event loop
+# runs between hops, so a 10,000-partition creation never holds it for more than one hop.
+CREATE_CHUNK_PARTITIONS = 500

@@ -148,7 +148,10 @@ class PartitionLog:
         handles: HandleCache,
         *,
         clean_shutdown: bool = False,
+        fresh: bool = False,
     ) -> None:
+        """Open (and recover) the log in ``directory``; with ``fresh``, create a new empty log
+        there without a single fsync (see :meth:`_start_empty`)."""
         self.directory = directory
         self.config = config
         self.clock = clock
@@ -162,9 +165,19 @@ class PartitionLog:
         self._high_watermark = 0
         self._recovery_point = 0
         self._closed = False
+        self._checkpoint_written: dict[str, int] | None = None  # what the file holds, if known
         self.recovered_bytes_truncated = 0
-        directory.mkdir(parents=True, exist_ok=True)
-        self._open(clean_shutdown)
+        if fresh:
+            try:
+                directory.mkdir()
+            except FileExistsError:
+                fresh = False  # a leftover directory: open (and recover) what it holds
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            self._start_empty()
+        else:
+            self._open(clean_shutdown)
 
     # -- offsets ---------------------------------------------------------------------------------
 
@@ -460,14 +473,18 @@ class PartitionLog:
             self._recovery_point = min(max(self._recovery_point, target), self.log_end_offset)
             return self._recovery_point
 
+    def _checkpoint_state(self) -> dict[str, int]:
+        return {
+            "high_watermark": self._high_watermark,
+            "log_start_offset": self._log_start_offset,
+            "recovery_point": self._recovery_point,
+        }
+
     def write_checkpoint(self) -> None:
         with self._lock:
-            state = {
-                "high_watermark": self._high_watermark,
-                "log_start_offset": self._log_start_offset,
-                "recovery_point": self._recovery_point,
-            }
+            state = self._checkpoint_state()
         write_json(self.directory / CHECKPOINT_FILE, state)
+        self._checkpoint_written = state
 
     # -- replication support ---------------------------------------------------------------------
 
@@ -691,6 +708,21 @@ class PartitionLog:
             self.epochs.store()
         self._reload_producers()
 
+    def _start_empty(self) -> None:
+        """A new log in a new directory: one empty segment at offset 0 whose file is created
+        by its first use, no checkpoint, nothing fsynced.
+
+        Nothing needs to be durable: a log with no checkpoint reads as all offsets 0, and a
+        directory lost in a crash is made again at start (the broker recreates the logs of every
+        partition its metadata knows). Creating a topic of 10,000 partitions therefore costs a
+        mkdir per partition instead of five fsyncs and three files (27 s), and an idle partition
+        holds no file descriptor.
+        """
+        segment = self._new_segment(0)
+        segment.pin(True)
+        self._segments = [segment]
+        self._checkpoint_written = self._checkpoint_state()  # no file reads as all zeros
+
     def _reload_producers(self) -> None:
         """Producer state = the newest snapshot at or below the LEO + a replay of the batch
         headers after it (headers only: no record is decoded)."""
@@ -752,7 +784,8 @@ class PartitionLog:
                 return
         self.flush()
         with self._lock:
-            self.write_checkpoint()
+            if self._checkpoint_state() != self._checkpoint_written:
+                self.write_checkpoint()
             if len(self.producers):
                 self.producers.snapshot(self.directory, self.log_end_offset)
             for segment in self._segments:

@@ -105,7 +105,7 @@ class LogSegment:
 
     def pin(self, pinned: bool) -> None:
         """Keep the descriptor of the active segment open."""
-        self._handle.pinned = pinned
+        self._handles.pin(self._handle, pinned)
 
     def can_hold(self, last_offset: int, size: int, segment_bytes: int) -> bool:
         """Whether a batch ending at ``last_offset`` of ``size`` bytes fits without a roll."""

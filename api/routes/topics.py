@@ -27,6 +27,9 @@ from .common import errors
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"])
 
+LATEST_TIMESTAMP = -1  # Kafka's ListOffsetsRequest.LATEST_TIMESTAMP
+EARLIEST_TIMESTAMP = -2  # Kafka's ListOffsetsRequest.EARLIEST_TIMESTAMP
+
 
 def _public(t: TopicMeta) -> TopicPublic:
     return TopicPublic(
@@ -136,26 +139,32 @@ async def list_partitions(topic: str, broker: BrokerDep) -> list[PartitionPublic
 
 @router.get(
     "/{topic}/partitions/{partition}/offsets",
-    summary="Look up an offset: earliest, latest, or the first at/after a timestamp (ms)",
+    summary="Look up an offset: earliest (or -2), latest (or -1), or the first at/after a "
+    "timestamp (ms)",
     responses=errors(400, 404),
 )
 async def get_offset(
     topic: str,
     partition: int,
     broker: BrokerDep,
-    at: Annotated[str, Query(examples=["earliest", "latest", "1700000000000"])] = "latest",
+    at: Annotated[str, Query(examples=["earliest", "latest", "-1", "-2", "1700000000000"])] = (
+        "latest"
+    ),
 ) -> OffsetPublic:
     p = broker.partition(topic, partition)
     offset: int | None
-    if at == "earliest":
+    # Kafka's ListOffsets sentinels: -1 is the latest offset, -2 the earliest.
+    if at in ("earliest", str(EARLIEST_TIMESTAMP)):
         offset = p.log_start_offset
-    elif at == "latest":
+    elif at in ("latest", str(LATEST_TIMESTAMP)):
         offset = p.high_watermark
     else:
         try:
             ts = int(at)
         except ValueError:
-            raise bad_request("at must be earliest, latest or a timestamp in ms") from None
+            ts = -1
+        if ts < 0:
+            raise bad_request("at must be earliest (-2), latest (-1) or a timestamp in ms (>= 0)")
         found = p.log.offset_for_timestamp(ts)
         offset = found if found is not None and found < p.high_watermark else None
     return OffsetPublic(topic=topic, partition=partition, at=at, offset=offset)
