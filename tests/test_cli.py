@@ -465,3 +465,28 @@ def test_the_readme_produce_line_with_keys(server: BrokerProcess, http: httpx.Cl
     for p, r in records:
         assert r["key"] is not None and r["key"].startswith("user-"), r
         assert partition_for_key(r["key"].encode(), 3) == p, r
+
+
+def test_the_examples_honour_logbus_url(server: BrokerProcess, http: httpx.Client) -> None:
+    """Like the ``logbus`` command, the examples talk to ``$LOGBUS_URL`` without ``--url``."""
+    topic = "cli-example-clicks"
+    small = ("--events", "30", "--minutes", "1", "--users", "3")
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.clickstream.produce_clicks", "--topic", topic, *small],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=_env(server.url),
+    )
+    assert result.returncode == 0, result.stderr
+    assert sum(len(fetch_all(http, topic, p)) for p in range(3)) == 30
+    pipeline = subprocess.run(
+        [sys.executable, "-m", "examples.clickstream.pipeline", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=_env(server.url),
+    )
+    assert pipeline.returncode == 0 and server.url in pipeline.stdout, pipeline.stderr
