@@ -43,6 +43,7 @@ def broker_config(settings: Settings) -> BrokerConfig:
         max_open_handles=settings.max_open_handles,
         retention_check_interval_ms=settings.retention_check_interval_ms,
         idempotency_window_ms=settings.idempotency_window_ms,
+        max_broker_partitions=settings.max_broker_partitions,
     )
 
 

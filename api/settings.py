@@ -5,7 +5,12 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from core_log.limits import DEFAULT_MAX_BROKER_PARTITIONS
+
+from .access_log import parse_rate
 
 
 class Settings(BaseSettings):
@@ -38,6 +43,20 @@ class Settings(BaseSettings):
     ws_compression: bool = False
 
     fast_path: bool = True  # serve produce/fetch from the lean ASGI route
+    # Partitions on this broker, internal topics included (core_log.limits has the reason).
+    max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS
+    # One line per request (api.access_log): off, on, or a sample rate in [0, 1].
+    access_log: str = "off"
+
+    @field_validator("access_log")
+    @classmethod
+    def _access_log_rate(cls, value: str) -> str:
+        parse_rate(value)
+        return value
+
+    @property
+    def access_log_rate(self) -> float:
+        return parse_rate(self.access_log)
 
     @property
     def is_loopback(self) -> bool:
