@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import re
 import shutil
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .checkpoint import fsync_dir
@@ -58,6 +60,29 @@ DELETE_SUFFIX = "-delete"
 MAX_TOPIC_NAME_CHARS = 249
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 _PARTITION_DIR = re.compile(r"^(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)$")
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while many partitions are made, and what exists then is
+    frozen out of later collections (``gc.freeze``): the broker's partitions live as long as
+    the process. Full collections walked the growing heap again and again, holding the GIL:
+    creating 10,000 partitions took 7.7 s with event-loop stalls of 0.2-0.5 s, and 2.3 s with
+    none without them. Objects are still freed by reference counting."""
+    if not gc.isenabled():  # paused already (nested, or by the caller)
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.freeze()
+
+
+def _erase(directories: list[Path]) -> None:
+    for directory in directories:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def validate_topic_name(name: str) -> None:
@@ -317,8 +342,8 @@ class LogManager:
 
         The logs are made in worker threads, ``CREATE_CHUNK_PARTITIONS`` per hop, without an
         fsync each (:meth:`PartitionLog._start_empty`); one fsync of the data directory at the
-        end. 10,000 partitions take about a second (``benchmarks/admin.py``). On any error the
-        logs made so far are deleted again and the error is raised.
+        end. 10,000 partitions take 2-5 s on a loaded 2-vCPU machine (``benchmarks/admin.py``).
+        On any error the logs made so far are deleted again and the error is raised.
         """
         validate_topic_name(topic)
         for p in partitions:
@@ -327,33 +352,44 @@ class LogManager:
             if (topic, p) in self._partitions:
                 raise TopicAlreadyExistsError(f"partition {topic}-{p} exists")
         config = config or self._config_for(topic)
-        made: list[tuple[int, PartitionLog]] = []
+        made: list[Partition] = []
+        try:
+            with _collector_paused():
+                made += await self._create_chunks(topic, partitions, config)
+            await asyncio.to_thread(fsync_dir, self.data_dir)
+        except BaseException:
+            await asyncio.to_thread(self._delete_all, [p.log for p in made])
+            raise
+        for facade in made:
+            self._partitions[(topic, facade.partition)] = facade
+
+    async def _create_chunks(
+        self, topic: str, partitions: list[int], config: LogConfig
+    ) -> list[Partition]:
+        made: list[Partition] = []
         try:
             for i in range(0, len(partitions), CREATE_CHUNK_PARTITIONS):
                 chunk = partitions[i : i + CREATE_CHUNK_PARTITIONS]
                 made += await asyncio.to_thread(self._create_logs, topic, chunk, config)
-            await asyncio.to_thread(fsync_dir, self.data_dir)
         except BaseException:
-            await asyncio.to_thread(self._delete_all, [log for _, log in made])
+            await asyncio.to_thread(self._delete_all, [p.log for p in made])
             raise
-        for p, log in made:
-            self._partitions[(topic, p)] = Partition(topic, p, log, self.auto_high_watermark)
+        return made
 
-    def _create_logs(
-        self, topic: str, partitions: list[int], config: LogConfig
-    ) -> list[tuple[int, PartitionLog]]:
-        made: list[tuple[int, PartitionLog]] = []
+    def _create_logs(self, topic: str, partitions: list[int], config: LogConfig) -> list[Partition]:
+        """New empty logs and their facades (built here, off the event loop: 10,000 facades
+        held it for ~0.5 s)."""
+        made: list[Partition] = []
         try:
             for p in partitions:
                 directory = self.data_dir / f"{topic}-{p}"
-                made.append(
-                    (p, PartitionLog(directory, config, self.clock, self.handles, fresh=True))
-                )
+                log = PartitionLog(directory, config, self.clock, self.handles, fresh=True)
+                made.append(Partition(topic, p, log, self.auto_high_watermark))
         except OSError as e:
-            self._delete_all([log for _, log in made])
+            self._delete_all([p.log for p in made])
             raise KafkaStorageError(f"creating the logs of {topic} failed: {e}") from e
         except BaseException:
-            self._delete_all([log for _, log in made])
+            self._delete_all([p.log for p in made])
             raise
         return made
 
@@ -370,15 +406,17 @@ class LogManager:
             await asyncio.to_thread(self._delete_all, chunk)
 
     def _delete_all(self, logs: list[PartitionLog]) -> None:
-        """:meth:`_delete_files` for many logs, with one fsync of the data directory."""
+        """:meth:`_delete_files` for many logs, with one fsync of the data directory; the
+        renamed directories are erased by a background thread (an rmdir costs ~3 ms here, 30 s
+        for 10,000 partitions). A crash first leaves ``*-delete`` directories, which the next
+        start erases."""
         targets = []
         for log in logs:
             log.close()
             targets.append(log.directory.with_name(f"{uuid.uuid4().hex}{DELETE_SUFFIX}"))
             os.replace(log.directory, targets[-1])
         fsync_dir(self.data_dir)
-        for target in targets:
-            shutil.rmtree(target, ignore_errors=True)
+        threading.Thread(target=_erase, args=(targets,), name="logbus-erase", daemon=True).start()
 
     async def delete(self, topic: str, partition: int) -> None:
         """Remove a partition: renamed at once (so a crash cannot resurrect it), then erased."""
