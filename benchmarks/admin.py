@@ -9,11 +9,8 @@ Starts ``logbus serve`` on a fresh data directory and measures, for one
 2. the broker's responsiveness meanwhile: ``GET /healthz`` every 20 ms from another client,
    the slowest answer and the 99th percentile;
 3. the broker's RSS before and after, hence the memory one empty partition costs;
-4. the deletion of that topic.
-
-Not measured: a restart with N partitions. Opening an empty partition at start still costs a
-handful of file operations (checkpoint, epoch cache, index rebuild): ~7 ms each on a loaded
-2-vCPU machine, over a minute for 10,000 — a known limit of the start-up path.
+4. a graceful restart with the N partitions (stop, then start until ``/readyz`` answers);
+5. the deletion of that topic.
 
 Figures are wall-clock on a shared machine: run it on a quiet one, and compare runs of the
 same day only.
@@ -78,6 +75,10 @@ def run(partitions: int, data_dir: Path) -> dict[str, Any]:
             prober.stop.set()
             prober.join()
             rss_after = rss_bytes(broker.proc.pid)
+        t = time.perf_counter()
+        broker.restart()
+        restart_s = time.perf_counter() - t
+        with httpx.Client(base_url=broker.url, timeout=120) as c:
             assert c.get("/v1/topics/wide").json()["partitions"] == partitions
             t = time.perf_counter()
             c.delete("/v1/topics/wide").raise_for_status()
@@ -95,6 +96,7 @@ def run(partitions: int, data_dir: Path) -> dict[str, Any]:
         "rss_before_mib": round(rss_before / 2**20, 1),
         "rss_after_mib": round(rss_after / 2**20, 1),
         "rss_per_partition_kib": round((rss_after - rss_before) / partitions / 1024, 2),
+        "restart_s": round(restart_s, 2),
         "delete_s": round(delete_s, 2),
     }
 

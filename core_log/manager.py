@@ -250,7 +250,8 @@ class LogManager:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         marker = self.data_dir / CLEAN_SHUTDOWN_FILE
         self.was_clean_shutdown = marker.exists()
-        await asyncio.to_thread(self._open_all, self.was_clean_shutdown)
+        with _collector_paused():  # a broker of 10,000 partitions opens ~1M objects
+            await asyncio.to_thread(self._open_all, self.was_clean_shutdown)
         if self.was_clean_shutdown:
             marker.unlink()
             fsync_dir(self.data_dir)
