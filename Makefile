@@ -2,7 +2,11 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# One stamp per set of extras: `make run` installs the broker's runtime dependencies only
+# (no test tools, no Spark); `make test` adds the test tools and Spark.
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+SPARK_STAMP := $(VENV)/.installed-spark
 DATA_DIR ?= ./logbus-data
 HOST ?= 127.0.0.1
 PORT ?= 8080
@@ -13,21 +17,29 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
-	touch $(STAMP)
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $(RUN_STAMP)
 
-run: $(STAMP)
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test,spark]'
+	touch $(TEST_STAMP) $(RUN_STAMP) $(SPARK_STAMP)
+
+$(SPARK_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[spark]'
+	touch $(SPARK_STAMP) $(RUN_STAMP)
+
+run: $(RUN_STAMP)
 	$(BIN)/logbus serve --data-dir $(DATA_DIR) --host $(HOST) --port $(PORT)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) lint typecheck browser
+test: $(TEST_STAMP) lint typecheck browser
 	$(BIN)/pytest -m "not slow" -q
 
 # The browser test (EventSource and WebSocket in headless Chromium) needs Debian's chromium;
@@ -36,22 +48,22 @@ browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium could not be installed: tests/api/test_browser.py will skip"
 
-test-slow: $(STAMP)
+test-slow: $(TEST_STAMP)
 	$(BIN)/pytest -m slow -q
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/pip install -q -e '.[test,bench]'
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/logbus bench --json docs/bench-http.json --plot docs/bench-http.png
 
-bench-storage: $(STAMP)
+bench-storage: $(RUN_STAMP)
 	$(BIN)/python -m benchmarks.storage
 
-bench-spark: $(STAMP)
+bench-spark: $(SPARK_STAMP)
 	$(BIN)/python -m benchmarks.spark --json docs/bench-spark.json
 
 # The click-stream example against a running broker (make run): produce, then count.
-example-spark: $(STAMP)
+example-spark: $(SPARK_STAMP)
 	$(BIN)/python -m examples.clickstream.produce_clicks --url http://$(HOST):$(PORT)
 	$(BIN)/python -m examples.clickstream.pipeline --url http://$(HOST):$(PORT) --available-now
 

@@ -49,6 +49,7 @@ def broker_config(settings: Settings) -> BrokerConfig:
         retention_check_interval_ms=settings.retention_check_interval_ms,
         log_cleaner_backoff_ms=settings.log_cleaner_backoff_ms,
         idempotency_window_ms=settings.idempotency_window_ms,
+        max_broker_partitions=settings.max_broker_partitions,
     )
 
 

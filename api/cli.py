@@ -9,7 +9,14 @@ from .settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import client_cli
+
     parser = argparse.ArgumentParser(prog="logbus", description="Logbus event streaming")
+    # Client options may also come before the command: `logbus --url URL topics list`.
+    client_cli.add_connection_options(parser, dest_prefix="global_")
+    parser.add_argument(
+        "--json", dest="global_json", action="store_true", help="print JSON instead of tables"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run a broker")
@@ -38,11 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--no-fast-path", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
 
-    from . import client_cli
-
     client_cli.add_commands(sub)
 
     args = parser.parse_args(argv)
+    if (error := client_cli.apply_global_options(args)) is not None:
+        parser.error(error)
     result: int = args.func(args)
     return result
 

@@ -25,8 +25,8 @@ import argparse
 import base64
 import json
 import os
-import queue
 import random
+import select
 import sys
 import threading
 import time
@@ -35,7 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from datetime import datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 if TYPE_CHECKING:
@@ -68,18 +68,7 @@ class CliError(Exception):
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``topics``, ``groups``, ``produce``, ``consume`` and ``bench`` on ``logbus``."""
     conn = argparse.ArgumentParser(add_help=False)
-    conn.add_argument(
-        "--url",
-        default=os.environ.get("LOGBUS_URL", DEFAULT_URL),
-        help="broker URL (default: $LOGBUS_URL or %(default)s)",
-    )
-    conn.add_argument(
-        "--timeout",
-        type=_positive_float,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="SECONDS",
-        help="timeout of each HTTP request (default: %(default)s)",
-    )
+    add_connection_options(conn)
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -90,6 +79,49 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     _add_produce(sub, [conn])
     _add_consume(sub, [conn])
     _add_bench(sub)
+
+
+def add_connection_options(parser: argparse.ArgumentParser, dest_prefix: str = "") -> None:
+    """``--url`` and ``--timeout``; ``logbus`` also takes them before the command, under
+    ``dest_prefix`` (see :func:`apply_global_options`)."""
+    parser.add_argument(
+        "--url",
+        dest=f"{dest_prefix}url",
+        default=None,
+        help=f"broker URL (default: $LOGBUS_URL or {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--timeout",
+        dest=f"{dest_prefix}timeout",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help=f"timeout of each HTTP request (default: {DEFAULT_TIMEOUT_S})",
+    )
+
+
+def apply_global_options(args: argparse.Namespace) -> str | None:
+    """Merge ``logbus --url U --timeout T --json COMMAND`` into the command's own options (the
+    command's win) and fill in the defaults; return an error for a command that takes none."""
+    given = {
+        "url": args.global_url,
+        "timeout": args.global_timeout,
+        "json": args.global_json or None,
+    }
+    absent = object()
+    for name, value in given.items():
+        if value is None:
+            continue
+        mine = getattr(args, name, absent)
+        if mine is absent or (name == "json" and not isinstance(mine, bool)):
+            return f"logbus {args.command} does not take --{name}"
+        if mine is None or mine is False:
+            setattr(args, name, value)
+    if args.command != "bench" and getattr(args, "url", absent) is None:
+        args.url = os.environ.get("LOGBUS_URL", DEFAULT_URL)
+    if getattr(args, "timeout", absent) is None:
+        args.timeout = DEFAULT_TIMEOUT_S
+    return None
 
 
 def _add_topics(
@@ -600,27 +632,43 @@ def _topics_delete(args: argparse.Namespace) -> int:
 # -- produce --------------------------------------------------------------------------------------
 
 _EOF = object()
+STDIN_READ_BYTES = 1 << 16
 
 
-def _read_lines(stream: IO[bytes], out: queue.Queue[object]) -> None:
-    """Reader thread: lists of lines (without the newline) as they become available, then EOF.
+class _StdinLines:
+    """Lines of a file descriptor (stdin), read on the calling thread.
 
-    ``read1`` returns what is there without waiting for a full buffer, so interactive or
-    ``tail -f`` input is not held back.
+    ``select`` waits for input with the linger timeout and ``os.read`` takes what is there
+    without waiting for a full buffer, so interactive or ``tail -f`` input is not held back.
+    No thread reads stdin: a daemon thread inside ``sys.stdin.buffer.read1`` when the
+    interpreter exits (after an error on the main thread) aborted it with ``Fatal Python error:
+    _enter_buffered_busy`` (exit 134).
     """
-    try:
-        pending = b""
-        read = getattr(stream, "read1", stream.read)
-        while chunk := read(1 << 16):
-            lines = (pending + chunk).split(b"\n")
-            pending = lines.pop()
-            if lines:
-                out.put(lines)
-        if pending:
-            out.put([pending])
-    except BaseException as e:  # handed to the main thread
-        out.put(e)
-    out.put(_EOF)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._pending = b""
+        self._eof = False
+
+    def get(self, timeout: float | None) -> list[bytes] | object | None:
+        """Complete lines (without the newline; possibly none yet), ``_EOF`` at the end, or
+        None when nothing arrived within ``timeout`` seconds."""
+        if self._eof:
+            return _EOF
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return None
+        try:
+            chunk = os.read(self.fd, STDIN_READ_BYTES)
+        except OSError as e:
+            raise CliError(f"reading stdin: {e}") from None
+        if not chunk:
+            self._eof = True
+            last, self._pending = self._pending, b""
+            return [last] if last else _EOF
+        lines = (self._pending + chunk).split(b"\n")
+        self._pending = lines.pop()
+        return lines
 
 
 class _Encoder:
@@ -778,14 +826,9 @@ def _produce(args: argparse.Namespace) -> int:
         sender = _Sender(
             client, args.topic, args.acks, args.max_in_flight, not args.unordered, on_ack
         )
-        lines_q: queue.Queue[object] = queue.Queue(maxsize=64)
-        reader = threading.Thread(
-            target=_read_lines, args=(sys.stdin.buffer, lines_q), daemon=True, name="stdin"
-        )
         started = time.monotonic()
-        reader.start()
         try:
-            _produce_loop(args, encoder, sender, lines_q)
+            _produce_loop(args, encoder, sender, _StdinLines(sys.stdin.fileno()))
             sender.close()
             sender.check()
         except BaseException:
@@ -809,7 +852,7 @@ def _produce_loop(
     args: argparse.Namespace,
     encoder: _Encoder,
     sender: _Sender,
-    lines_q: queue.Queue[object],
+    lines: _StdinLines,
 ) -> None:
     buffers: dict[int, list[bytes]] = {}
     sizes: dict[int, int] = {}  # NDJSON bytes per buffer
@@ -826,17 +869,14 @@ def _produce_loop(
 
     while True:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        try:
-            item = lines_q.get(timeout=timeout)
-        except queue.Empty:
+        item = lines.get(timeout)
+        if item is None:  # linger.ms passed without input: send what is buffered
             for p in list(buffers):
                 flush(p)
             deadline = None
             continue
         if item is _EOF:
             break
-        if isinstance(item, BaseException):
-            raise CliError(f"reading stdin: {item}")
         assert isinstance(item, list)
         for line in item:
             encoded = encoder.encode(line)

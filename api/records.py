@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from cluster.broker import Acks, Broker
+from cluster.broker import Acks, Broker, check_readable
 from cluster.partitioner import partition_for_key
 from core_log.batch import (
     HEADER_BYTES,
@@ -552,6 +552,7 @@ async def fetch(
     query: Mapping[str, str],
     accept: str | None,
 ) -> Reply:
+    check_readable(topic)
     kind = negotiate(accept)
     offset = int_param(query, "offset", None, 0, 2**63 - 1)
     max_bytes = int_param(

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
+import signal
 import socket
 import sys
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from core_log.datadir import DataDirInUseError, DataDirLock
 
@@ -95,8 +98,14 @@ def _run(settings: Settings, sock: socket.socket, dir_lock: DataDirLock) -> None
         settings.body_timeout_ms,
         settings.send_timeout_ms,
     )
+    asgi: ASGIApp = app
+    if (rate := settings.access_log_rate) > 0:
+        from . import access_log
+
+        _log_to_stderr(access_log.log)
+        asgi = access_log.AccessLog(app, rate)
     config = uvicorn.Config(
-        app,
+        asgi,
         host=settings.host,
         port=settings.port,
         http=http,
@@ -110,6 +119,14 @@ def _run(settings: Settings, sock: socket.socket, dir_lock: DataDirLock) -> None
         ws_per_message_deflate=settings.ws_compression,
     )
     _Server(config, app).run(sockets=[sock])
+
+
+def _log_to_stderr(logger: logging.Logger) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 # glibc's mallopt parameters (malloc.h) and the values the broker sets.
@@ -146,8 +163,20 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: FastPath) -> None:
         super().__init__(config)
         self.logbus_app = app
+        # Why the server stopped, for the last line it prints: a signal, or its own end (a
+        # failed start-up — the port taken, the data directory unusable — ends it too).
+        self.stop_reason = "the server exited (start-up failed or it was told to stop)"
+
+    async def _serve(self, sockets: list[socket.socket] | None = None) -> None:
+        # The line is printed here, not after run(): uvicorn re-raises a captured SIGTERM once
+        # serving ends, which kills the process before run() returns.
+        try:
+            await super()._serve(sockets)
+        finally:
+            print(f"Logbus stopped: {self.stop_reason}", flush=True)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.stop_reason = f"signal {signal.Signals(sig).name}"
         state = self.logbus_app.state
         if state is not None:
             with contextlib.suppress(RuntimeError):  # no loop running: nothing to release

@@ -10,6 +10,10 @@ from typing import Annotated, Any
 from pydantic import PositiveInt, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from core_log.limits import DEFAULT_MAX_BROKER_PARTITIONS
+
+from .access_log import parse_rate
+
 # A list setting from the environment: comma-separated (or a JSON array).
 NameList = Annotated[list[str], NoDecode]
 
@@ -66,6 +70,20 @@ class Settings(BaseSettings):
     max_queued_stream_bytes: PositiveInt = 128 * 1024 * 1024  # WebSocket/SSE reads being pushed
 
     fast_path: bool = True  # serve produce/fetch from the lean ASGI route
+    # Partitions on this broker, internal topics included (core_log.limits has the reason).
+    max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS
+    # One line per request (api.access_log): off, on, or a sample rate in [0, 1].
+    access_log: str = "off"
+
+    @field_validator("access_log")
+    @classmethod
+    def _access_log_rate(cls, value: str) -> str:
+        parse_rate(value)
+        return value
+
+    @property
+    def access_log_rate(self) -> float:
+        return parse_rate(self.access_log)
 
     @model_validator(mode="after")
     def _budgets_fit_one_request(self) -> Settings:

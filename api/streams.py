@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from cluster.broker import Broker
+from cluster.broker import Broker, check_readable
 from cluster.coordinator import Coordinator, Fetched
 from cluster.group import Reconciled
 from core_log.errors import LogbusError, OffsetOutOfRangeError, UnreadableRecordError
@@ -273,6 +273,7 @@ async def partition_sse(
     An unknown partition (404) or an offset outside the log (416) raise before the first
     yield, so they are answered as errors — an EventSource stops on those, where it would
     reconnect to a stream that merely ended."""
+    check_readable(topic)
     p = broker.partition(topic, partition)
     if not p.log_start_offset <= offset <= p.high_watermark:
         raise OffsetOutOfRangeError(offset, p.log_start_offset, p.high_watermark)

@@ -33,6 +33,7 @@ import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from cluster.assignor import TopicPartition
+from cluster.broker import check_readable
 from cluster.coordinator import first_of
 from core_log.batch import scan_batches
 from core_log.errors import (
@@ -224,6 +225,7 @@ class Session:
     async def _start(
         self, topic: str, partition: int, offset: int | None, ts: int | None, start: str | None
     ) -> int:
+        check_readable(topic)
         p = self.broker.partition(topic, partition)
         if offset is not None:
             if not p.log_start_offset <= offset <= p.high_watermark:

@@ -19,14 +19,13 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from core_log.batch import HEADER_BYTES, parse_header
 from core_log.clock import Clock, SystemClock
@@ -35,20 +34,24 @@ from core_log.datadir import DataDirLock
 from core_log.errors import (
     ErrorCode,
     InvalidConfigError,
+    InvalidTopicError,
     LogbusError,
     UnknownTopicOrPartitionError,
 )
+from core_log.limits import DEFAULT_MAX_BROKER_PARTITIONS, MAX_PARTITIONS_PER_TOPIC
 from core_log.log import AppendResult
 from core_log.manager import LogManager, Partition, validate_topic_name
 
 from .metadata import BrokerMeta, MetadataStore, PartitionMeta, TopicMeta
 from .partitioner import StickyPartitioner, partition_for_key
 
-MAX_PARTITIONS_PER_TOPIC = 10_000
 _TRANSACTIONAL_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 BROKER_LEASE_MS = 30_000
 OFFSETS_TOPIC = "__consumer_offsets"  # committed offsets, written by cluster.coordinator only
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+# Configs of internal topics nobody may change: the offsets topic must stay compacted.
+INTERNAL_FIXED_CONFIGS = frozenset({"cleanup.policy"})
+T = TypeVar("T")
 
 
 class Acks(enum.Enum):
@@ -84,6 +87,7 @@ class BrokerConfig:
     # Idempotency-Key window; producer state per partition keeps the same horizon (Kafka's
     # producer.id.expiration.ms default) and at most 10,000 producers (core_log.producer_state).
     idempotency_window_ms: int = 86_400_000
+    max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS  # internal topics included
 
 
 class Broker:
@@ -146,9 +150,9 @@ class Broker:
         on_disk = self.logs.topics()
         for name, topic in self._topics.items():
             have = set(on_disk.get(name, []))
-            for p in range(topic.partitions):
-                if p not in have:
-                    await self.logs.create(name, p, self.log_config(name))
+            missing = [p for p in range(topic.partitions) if p not in have]
+            if missing:
+                await self.logs.create_many(name, missing, self.log_config(name))
         for name, partitions in on_disk.items():
             count = self._topics[name].partitions if name in self._topics else 0
             for p in partitions:
@@ -207,24 +211,46 @@ class Broker:
             version=0,
             assignments=[PartitionMeta(name, p, [me], [me], me, 0, 0) for p in range(partitions)],
         )
+        return await _completed(self._create_topic(meta, log_config))
+
+    async def _create_topic(self, meta: TopicMeta, log_config: LogConfig) -> TopicMeta:
         async with self._admin_lock:
+            self._check_name_free(meta.name)
+            self._check_broker_partitions(meta.partitions)
             await asyncio.to_thread(self.store.create_topic, meta)
-            self._topics[name] = meta
+            self._topics[meta.name] = meta
             try:
-                for p in range(partitions):
-                    await self.logs.create(name, p, log_config)
+                await self.logs.create_many(meta.name, list(range(meta.partitions)), log_config)
             except BaseException:
-                await self._undo_create(name, partitions)
+                del self._topics[meta.name]
+                await asyncio.to_thread(self.store.delete_topic, meta.name)
                 raise
         return meta
 
-    async def _undo_create(self, name: str, partitions: int) -> None:
-        """A topic whose logs could not all be created is removed again, row and logs."""
-        del self._topics[name]
-        await asyncio.to_thread(self.store.delete_topic, name)
-        for p in range(partitions):
-            with contextlib.suppress(UnknownTopicOrPartitionError):
-                await self.logs.delete(name, p)
+    def _check_name_free(self, name: str) -> None:
+        """Kafka's rule: ``.`` and ``_`` collide in metric names, so ``a.b`` and ``a_b`` cannot
+        both exist."""
+        folded = name.replace(".", "_")
+        for other in self._topics:
+            if other != name and other.replace(".", "_") == folded:
+                raise InvalidTopicError(
+                    f"topic {name!r} collides with existing topic {other!r}: names that differ "
+                    f"only in '.' and '_' would share metric names",
+                    topic=name,
+                    collides_with=other,
+                )
+
+    def _check_broker_partitions(self, adding: int) -> None:
+        cap = self.config.max_broker_partitions
+        have = sum(t.partitions for t in self._topics.values())
+        if have + adding > cap:
+            raise LogbusError(
+                f"the broker holds {have} partitions; {adding} more would pass its limit of "
+                f"{cap} (max_broker_partitions)",
+                code=ErrorCode.POLICY_VIOLATION,
+                partitions=have,
+                max_broker_partitions=cap,
+            )
 
     async def delete_topic(self, name: str) -> None:
         _check_not_internal(name)
@@ -232,8 +258,7 @@ class Broker:
             topic = self.topic(name)
             await asyncio.to_thread(self.store.delete_topic, name)
             del self._topics[name]
-            for p in range(topic.partitions):
-                await self.logs.delete(name, p)
+            await self.logs.delete_many(name, list(range(topic.partitions)))
         self._topics_changed()
 
     def _topics_changed(self) -> None:
@@ -249,6 +274,13 @@ class Broker:
             unknown = sorted(set(changes) - set(KEYS_BY_NAME))
             if unknown:
                 raise InvalidConfigError(f"unknown configs {unknown}", config=unknown[0])
+            if name in INTERNAL_TOPICS and INTERNAL_FIXED_CONFIGS & set(changes):
+                raise LogbusError(
+                    f"{name} is internal: its {sorted(INTERNAL_FIXED_CONFIGS)} cannot change "
+                    f"(a delete policy would erase every group's committed offsets)",
+                    code=ErrorCode.POLICY_VIOLATION,
+                    topic=name,
+                )
             log_config = LogConfig.from_dict(merged)
             updated = await asyncio.to_thread(
                 self.store.update_topic, name, topic.version, configs=log_config.overrides()
@@ -258,8 +290,20 @@ class Broker:
             return updated
 
     async def add_partitions(self, name: str, total: int) -> TopicMeta:
+        updated = await _completed(self._add_partitions(name, total))
+        self._topics_changed()
+        return updated
+
+    async def _add_partitions(self, name: str, total: int) -> TopicMeta:
         async with self._admin_lock:
             topic = self.topic(name)
+            if name in INTERNAL_TOPICS:
+                raise LogbusError(
+                    f"{name} is internal: its partition count is fixed (committed offsets are "
+                    f"placed by a hash of the group modulo {topic.partitions})",
+                    code=ErrorCode.POLICY_VIOLATION,
+                    topic=name,
+                )
             _check_partition_count(total)
             if total <= topic.partitions:
                 raise LogbusError(
@@ -267,6 +311,7 @@ class Broker:
                     f"larger (partitions can only be added)",
                     code=ErrorCode.INVALID_PARTITIONS,
                 )
+            self._check_broker_partitions(total - topic.partitions)
             me = self.config.broker_id
             new = [
                 PartitionMeta(name, p, [me], [me], me, 0, 0) for p in range(topic.partitions, total)
@@ -275,9 +320,8 @@ class Broker:
                 self.store.update_topic, name, topic.version, add_partitions=new
             )
             self._topics[name] = updated
-            for p in new:
-                await self.logs.create(name, p.partition, self.log_config(name))
-        self._topics_changed()
+            # A crash before the logs exist is healed at start (_reconcile creates them).
+            await self.logs.create_many(name, [p.partition for p in new], self.log_config(name))
         return updated
 
     # -- producers -------------------------------------------------------------------------------
@@ -363,6 +407,22 @@ class Broker:
                 epoch=latest,
                 received_epoch=h.producer_epoch,
             )
+
+
+async def _completed(work: Coroutine[Any, Any, T]) -> T:
+    """Run an admin change to its end even if the caller is cancelled (its client went away):
+    the change then lands whole, and the client finds it done when it looks again."""
+    return await asyncio.shield(asyncio.ensure_future(work))
+
+
+def check_readable(topic: str) -> None:
+    """Clients read internal topics only through the group API (and, later, as super users)."""
+    if topic in INTERNAL_TOPICS:
+        raise LogbusError(
+            f"{topic} is internal: read committed offsets through /v1/groups",
+            code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+            topic=topic,
+        )
 
 
 def _check_not_internal(topic: str) -> None:

@@ -1,7 +1,8 @@
 """A broker-wide bound on open segment files.
 
 Every segment opens its ``.log`` through :meth:`HandleCache.use`, which keeps at most
-``max_open`` descriptors, closing the least recently used idle one when a new one is needed.
+``max_open`` descriptors besides the pinned ones (one per partition: its active segment),
+closing the least recently used idle one when a new one is needed.
 A descriptor in use (a read or write in progress, counted under the cache's lock) or pinned
 (the active segment of a partition) is never closed, so a thread never reads through a
 descriptor that was closed and reused under it. Closing a handle in use (a segment deleted by
@@ -43,11 +44,14 @@ class HandleCache:
         assert max_open >= 1
         self.max_open = max_open
         self._lock = threading.Lock()
-        self._open: OrderedDict[Handle, None] = OrderedDict()
+        self._open: OrderedDict[Handle, None] = OrderedDict()  # evictable, LRU first
+        self._pinned: set[Handle] = set()
 
     @property
     def open_count(self) -> int:
-        return len(self._open)
+        """Open descriptors, pinned ones included."""
+        with self._lock:
+            return len(self._open) + sum(1 for h in self._pinned if h._fd is not None)
 
     @contextmanager
     def use(self, h: Handle) -> Iterator[int]:
@@ -58,9 +62,10 @@ class HandleCache:
             if h._fd is None:
                 h._fd = os.open(h.path, os.O_RDWR | os.O_CREAT, 0o644)
             h._users += 1
-            self._open[h] = None
-            self._open.move_to_end(h)
-            self._evict()
+            if not h.pinned:
+                self._open[h] = None
+                self._open.move_to_end(h)
+                self._evict()
             fd = h._fd
         try:
             yield fd
@@ -70,11 +75,29 @@ class HandleCache:
                 if h.retired and h._users == 0:
                     self._close_fd(h)
 
+    def pin(self, h: Handle, pinned: bool) -> None:
+        """Keep ``h`` open (the active segment) or let it be evicted again. Pinned handles stay
+        out of the LRU, so eviction never walks past them: with 10,000 partitions, every
+        ``use`` walked 10,000 pinned handles before this (creating them was quadratic)."""
+        with self._lock:
+            if h.retired:
+                return
+            h.pinned = pinned
+            if pinned:
+                self._pinned.add(h)
+                self._open.pop(h, None)
+                return
+            self._pinned.discard(h)
+            if h._fd is not None:
+                self._open[h] = None
+                self._evict()
+
     def close(self, h: Handle) -> None:
         """Retire ``h``: closed now, or by its last user if it is in use."""
         with self._lock:
             h.retired = True
             h.pinned = False
+            self._pinned.discard(h)
             self._open.pop(h, None)
             if h._users == 0:
                 self._close_fd(h)

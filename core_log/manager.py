@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import re
 import shutil
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from . import executors
@@ -61,6 +63,7 @@ from .errors import (
 from .executors import StorageExecutors
 from .handles import HandleCache
 from .limits import (
+    CREATE_CHUNK_PARTITIONS,
     DEFAULT_MAX_OPEN_SEGMENT_HANDLES,
     MAX_WAITERS_PER_PARTITION,
     OFF_LOOP_IO_BYTES,
@@ -77,6 +80,29 @@ DELETE_SUFFIX = "-delete"
 MAX_TOPIC_NAME_CHARS = 249
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 _PARTITION_DIR = re.compile(r"^(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)$")
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while many partitions are made, and what exists then is
+    frozen out of later collections (``gc.freeze``): the broker's partitions live as long as
+    the process. Full collections walked the growing heap again and again, holding the GIL:
+    creating 10,000 partitions took 7.7 s with event-loop stalls of 0.2-0.5 s, and 2.3 s with
+    none without them. Objects are still freed by reference counting."""
+    if not gc.isenabled():  # paused already (nested, or by the caller)
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.freeze()
+
+
+def _erase(directories: list[Path]) -> None:
+    for directory in directories:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def validate_topic_name(name: str) -> None:
@@ -357,7 +383,8 @@ class LogManager:
         self.was_clean_shutdown = marker.exists()
         if self.pools.closed:  # started again after close()
             self.pools = StorageExecutors()
-        await executors.run(self.pools.fsync, self._open_all, self.was_clean_shutdown)
+        with _collector_paused():  # a broker of 10,000 partitions opens ~1M objects
+            await executors.run(self.pools.fsync, self._open_all, self.was_clean_shutdown)
         if self.was_clean_shutdown:
             marker.unlink()
             fsync_dir(self.data_dir)
@@ -470,6 +497,93 @@ class LogManager:
             topic, partition, log, self.auto_high_watermark, self.pools, self.log_dir
         )
         return p
+
+    async def create_many(
+        self, topic: str, partitions: list[int], config: LogConfig | None = None
+    ) -> None:
+        """Create new empty logs for ``partitions`` of ``topic``: all of them or none.
+
+        The logs are made in worker threads, ``CREATE_CHUNK_PARTITIONS`` per hop, without an
+        fsync each (:meth:`PartitionLog._start_empty`); one fsync of the data directory at the
+        end. 10,000 partitions take 2-5 s on a loaded 2-vCPU machine (``benchmarks/admin.py``).
+        On any error the logs made so far are deleted again and the error is raised.
+        """
+        validate_topic_name(topic)
+        for p in partitions:
+            if p < 0:
+                raise UnknownTopicOrPartitionError(f"invalid partition {p}")
+            if (topic, p) in self._partitions:
+                raise TopicAlreadyExistsError(f"partition {topic}-{p} exists")
+        config = config or self._config_for(topic)
+        made: list[Partition] = []
+        try:
+            with _collector_paused():
+                made += await self._create_chunks(topic, partitions, config)
+            await executors.run(self.pools.fsync, fsync_dir, self.data_dir)
+        except BaseException:
+            await executors.run(self.pools.fsync, self._delete_all, [p.log for p in made])
+            raise
+        for facade in made:
+            self._partitions[(topic, facade.partition)] = facade
+
+    async def _create_chunks(
+        self, topic: str, partitions: list[int], config: LogConfig
+    ) -> list[Partition]:
+        made: list[Partition] = []
+        try:
+            for i in range(0, len(partitions), CREATE_CHUNK_PARTITIONS):
+                chunk = partitions[i : i + CREATE_CHUNK_PARTITIONS]
+                made += await executors.run(
+                    self.pools.fsync, self._create_logs, topic, chunk, config
+                )
+        except BaseException:
+            await executors.run(self.pools.fsync, self._delete_all, [p.log for p in made])
+            raise
+        return made
+
+    def _create_logs(self, topic: str, partitions: list[int], config: LogConfig) -> list[Partition]:
+        """New empty logs and their facades (built here, off the event loop: 10,000 facades
+        held it for ~0.5 s)."""
+        made: list[Partition] = []
+        try:
+            for p in partitions:
+                directory = self.data_dir / f"{topic}-{p}"
+                log = PartitionLog(directory, config, self.clock, self.handles, fresh=True)
+                made.append(
+                    Partition(topic, p, log, self.auto_high_watermark, self.pools, self.log_dir)
+                )
+        except OSError as e:
+            self._delete_all([p.log for p in made])
+            raise KafkaStorageError(f"creating the logs of {topic} failed: {e}") from e
+        except BaseException:
+            self._delete_all([p.log for p in made])
+            raise
+        return made
+
+    async def delete_many(self, topic: str, partitions: list[int]) -> None:
+        """:meth:`delete` for many partitions of a topic, with one fsync of the data directory
+        per ``CREATE_CHUNK_PARTITIONS`` (a 10,000-partition topic took minutes to delete with
+        one fsync each)."""
+        gone = [self.get(topic, p) for p in partitions]
+        for p in gone:
+            del self._partitions[(topic, p.partition)]
+            p.release_waiters()
+        for i in range(0, len(gone), CREATE_CHUNK_PARTITIONS):
+            chunk = [p.log for p in gone[i : i + CREATE_CHUNK_PARTITIONS]]
+            await executors.run(self.pools.fsync, self._delete_all, chunk)
+
+    def _delete_all(self, logs: list[PartitionLog]) -> None:
+        """:meth:`_delete_files` for many logs, with one fsync of the data directory; the
+        renamed directories are erased by a background thread (an rmdir costs ~3 ms here, 30 s
+        for 10,000 partitions). A crash first leaves ``*-delete`` directories, which the next
+        start erases."""
+        targets = []
+        for log in logs:
+            log.close()
+            targets.append(log.directory.with_name(f"{uuid.uuid4().hex}{DELETE_SUFFIX}"))
+            os.replace(log.directory, targets[-1])
+        fsync_dir(self.data_dir)
+        threading.Thread(target=_erase, args=(targets,), name="logbus-erase", daemon=True).start()
 
     async def delete(self, topic: str, partition: int) -> None:
         """Remove a partition: renamed at once (so a crash cannot resurrect it), then erased."""

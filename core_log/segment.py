@@ -2,7 +2,7 @@
 
 The ``.log`` file is a plain concatenation of record batches v2 (see :mod:`core_log.batch`),
 exactly as they travel on the wire, in increasing offset order. Positions are byte positions
-in this file (:class:`~core_log.types.Position`); offsets are logical record offsets. The
+in this file; offsets are logical record offsets. The
 segment appends at its tracked ``size`` with ``pwritev`` (prefix + untouched body, no copy),
 reads with ``pread``, and keeps the sparse indexes described in :mod:`core_log.index`.
 
@@ -114,7 +114,7 @@ class LogSegment:
 
     def pin(self, pinned: bool) -> None:
         """Keep the descriptor of the active segment open."""
-        self._handle.pinned = pinned
+        self._handles.pin(self._handle, pinned)
 
     def index_room(self) -> int:
         """Entries either index can still take before the segment must roll."""

@@ -11,6 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+try:
+    import pyspark  # noqa: F401 - only to fail early, with the remedy
+except ImportError as e:  # the broker installs without Spark (a 1.3 GB virtualenv)
+    raise ImportError(
+        "spark_sink needs PySpark, which Logbus installs only on request: "
+        "pip install 'logbus[spark]' (and Java 17)"
+    ) from e
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 

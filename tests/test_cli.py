@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import queue
@@ -390,3 +391,102 @@ def test_groups_list_describe_reset_delete(server: BrokerProcess, http: httpx.Cl
 
     assert logbus(server, "groups", "delete", "ops").stdout.strip() == "deleted group ops"
     assert http.get("/v1/groups/ops").status_code == 404
+
+
+# -- issue 10: what a new user hit ----------------------------------------------------------------
+
+
+def test_a_failing_produce_exits_cleanly_while_stdin_is_still_open(
+    server: BrokerProcess, http: httpx.Client
+) -> None:
+    """A reader thread blocked in ``sys.stdin.buffer.read1`` when the main thread exited made
+    the interpreter abort (``Fatal Python error: _enter_buffered_busy``, exit 134)."""
+    create(http, "cli-open-stdin")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "produce", "cli-open-stdin", "--key-separator", ":"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=_env(server.url),
+    )
+    try:
+        assert proc.stdin is not None and proc.stderr is not None
+        proc.stdin.write(b"no separator here\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)  # stdin stays open: the command must not wait for it
+        err = proc.stderr.read().decode()
+        assert proc.returncode == 1, (proc.returncode, err)
+        assert "line 1: no key separator ':'" in err and "Fatal Python error" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_options_before_the_command(server: BrokerProcess, http: httpx.Client) -> None:
+    create(http, "cli-global")
+    env = _env(None)  # no LOGBUS_URL: only the option names the broker
+    run = functools.partial(
+        subprocess.run, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env
+    )
+    base = [sys.executable, "-m", "api.cli"]
+    listed = ok(run([*base, "--url", server.url, "topics", "list"]))
+    assert "cli-global" in listed.stdout
+    as_json = ok(run([*base, "--url", server.url, "--timeout", "5", "--json", "topics", "list"]))
+    assert "cli-global" in [t["name"] for t in json.loads(as_json.stdout)["topics"]]
+    # The command's own option wins over the one before it.
+    bad = f"http://127.0.0.1:{free_port()}"
+    ok(run([*base, "--url", bad, "topics", "describe", "cli-global", "--url", server.url]))
+    produced = ok(run([*base, "--url", server.url, "produce", "cli-global"], input="a\nb\n"))
+    assert "produced 2 record(s)" in produced.stderr
+    refused = run([*base, "--url", server.url, "serve"])
+    assert refused.returncode == 2 and "does not take --url" in refused.stderr
+
+
+def test_the_readme_produce_line_with_keys(server: BrokerProcess, http: httpx.Client) -> None:
+    """The README's keyed produce (its input really has `key:value` lines)."""
+    create(http, "clicks", partitions=3)
+    readme = (ROOT / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if "logbus produce clicks --key-separator" in x)
+    command = line.strip().removeprefix("$ ")
+    result = subprocess.run(
+        command,
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**_env(server.url), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
+    assert result.returncode == 0, (command, result.stderr)
+    records = [(p, r) for p in range(3) for r in fetch_all(http, "clicks", p)]
+    assert len(records) == 10
+    for p, r in records:
+        assert r["key"] is not None and r["key"].startswith("user-"), r
+        assert partition_for_key(r["key"].encode(), 3) == p, r
+
+
+def test_the_examples_honour_logbus_url(server: BrokerProcess, http: httpx.Client) -> None:
+    """Like the ``logbus`` command, the examples talk to ``$LOGBUS_URL`` without ``--url``."""
+    topic = "cli-example-clicks"
+    small = ("--events", "30", "--minutes", "1", "--users", "3")
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.clickstream.produce_clicks", "--topic", topic, *small],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=_env(server.url),
+    )
+    assert result.returncode == 0, result.stderr
+    assert sum(len(fetch_all(http, topic, p)) for p in range(3)) == 30
+    pipeline = subprocess.run(
+        [sys.executable, "-m", "examples.clickstream.pipeline", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=_env(server.url),
+    )
+    assert pipeline.returncode == 0 and server.url in pipeline.stdout, pipeline.stderr

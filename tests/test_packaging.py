@@ -273,3 +273,64 @@ def test_serve_refuses_a_public_bind_without_insecure(tmp_path: Path) -> None:
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "refusing to bind 0.0.0.0" in result.stderr
     assert "--insecure" in result.stderr
+
+
+# -- what `make run` installs ----------------------------------------------------------------------
+
+
+def test_the_broker_installs_without_test_tools_or_spark() -> None:
+    """`make run` installed the test extras and Spark: a 1.3 GB virtualenv and ~3 minutes
+    before the first broker. The broker's dependencies are its runtime ones; Spark is an extra."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = " ".join(project["dependencies"]).lower()
+    for heavy in ("pyspark", "pytest", "hypothesis", "mypy", "matplotlib", "playwright"):
+        assert heavy not in runtime, heavy
+    extras = project["optional-dependencies"]
+    assert any(d.startswith("pyspark[sql]") for d in extras["spark"])
+    makefile = (ROOT / "Makefile").read_text()
+    recipes = _make_recipes(makefile)
+    run_stamp = recipes["run"][0]
+    assert recipes[run_stamp][1][0] == "$(BIN)/pip install -q -e .", recipes[run_stamp]
+    test_stamp = recipes["test"][0]
+    assert "$(BIN)/pip install -q -e '.[test,spark]'" in recipes[test_stamp][1]
+    for target in ("example-spark", "bench-spark"):
+        stamp = recipes[target][0]
+        assert "$(BIN)/pip install -q -e '.[spark]'" in recipes[stamp][1], target
+
+
+def _make_recipes(makefile: str) -> dict[str, tuple[str, list[str]]]:
+    """target → (first prerequisite with variables expanded as written, recipe lines)."""
+    variables = dict(
+        (name.strip(), value.strip())
+        for name, _, value in (
+            line.partition(":=") for line in makefile.splitlines() if ":=" in line
+        )
+    )
+
+    def expand(word: str) -> str:
+        for name, value in variables.items():
+            word = word.replace(f"$({name})", value)
+        return word
+
+    out: dict[str, tuple[str, list[str]]] = {}
+    current: list[str] | None = None
+    for line in makefile.splitlines():
+        if line.startswith("\t") and current is not None:
+            current.append(line.strip())
+            continue
+        current = None
+        if ":" in line and not line.startswith((".", "#", " ")) and ":=" not in line:
+            target, _, prereqs = line.partition(":")
+            first = prereqs.split("|")[0].split()
+            current = []
+            out[expand(target.strip())] = (expand(first[0]) if first else "", current)
+    return out
+
+
+def test_spark_sink_without_pyspark_says_how_to_get_it() -> None:
+    probe = "import sys; sys.modules['pyspark'] = None; import spark_sink"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert result.returncode == 1
+    assert "pip install 'logbus[spark]'" in result.stderr, result.stderr

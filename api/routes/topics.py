@@ -27,7 +27,9 @@ from .common import errors
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"])
 
-AT_PATTERN = "^(earliest|latest|" + UINT_PATTERN[2:-2] + ")$"
+LATEST_TIMESTAMP = -1  # Kafka's ListOffsetsRequest.LATEST_TIMESTAMP
+EARLIEST_TIMESTAMP = -2  # Kafka's ListOffsetsRequest.EARLIEST_TIMESTAMP
+AT_PATTERN = "^(earliest|latest|-1|-2|" + UINT_PATTERN[2:-2] + ")$"
 
 
 def _public(t: TopicMeta) -> TopicPublic:
@@ -138,7 +140,8 @@ async def list_partitions(topic: str, broker: BrokerDep) -> list[PartitionPublic
 
 @router.get(
     "/{topic}/partitions/{partition}/offsets",
-    summary="Look up an offset: earliest, latest, or the first at/after a timestamp (ms)",
+    summary="Look up an offset: earliest (or -2), latest (or -1), or the first at/after a "
+    "timestamp (ms)",
     responses=errors(400, 404),
 )
 async def get_offset(
@@ -149,19 +152,20 @@ async def get_offset(
         str,
         Query(
             pattern=AT_PATTERN,
-            examples=["earliest", "latest", "1700000000000"],
-            description="earliest, latest, or a timestamp in ms",
+            examples=["earliest", "latest", "-1", "-2", "1700000000000"],
+            description="earliest (or Kafka's -2), latest (or -1), or a timestamp in ms",
         ),
     ] = "latest",
 ) -> OffsetPublic:
     p = broker.partition(topic, partition)
     offset: int | None
-    if at == "earliest":
+    # Kafka's ListOffsets sentinels: -1 is the latest offset, -2 the earliest.
+    if at in ("earliest", str(EARLIEST_TIMESTAMP)):
         offset = p.log_start_offset
-    elif at == "latest":
+    elif at in ("latest", str(LATEST_TIMESTAMP)):
         offset = p.high_watermark
     else:
-        ts = int(at)  # AT_PATTERN admits plain digits only
+        ts = int(at)  # AT_PATTERN admits -1, -2 (taken above) and plain digits only
         found = await p.offset_for_timestamp(ts)
         offset = found if found is not None and found < p.high_watermark else None
     return OffsetPublic(topic=topic, partition=partition, at=at, offset=offset)

@@ -1,6 +1,6 @@
 """Clicks per user per minute: Logbus → Spark Structured Streaming → Parquet and Logbus.
 
-    python -m examples.clickstream.pipeline [--url URL] [--topic clicks]
+    python -m examples.clickstream.pipeline [--url URL (default $LOGBUS_URL)] [--topic clicks]
         [--out-topic clicks-per-minute] [--dir ./clickstream-out] [--available-now]
 
 Reads ``--topic`` with the ``logbus`` source, parses the JSON clicks, counts them per user in
@@ -93,7 +93,11 @@ def create_topic(url: str, name: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument(
+        "--url",
+        default=os.environ.get("LOGBUS_URL", "http://127.0.0.1:8080"),
+        help="broker URL (default: %(default)s, taken from $LOGBUS_URL when set)",
+    )
     ap.add_argument("--topic", default="clicks")
     ap.add_argument("--out-topic", default="clicks-per-minute")
     ap.add_argument("--dir", type=Path, default=Path("clickstream-out"))

@@ -1,6 +1,6 @@
 """Produce JSON click events into a Logbus topic (the input of ``pipeline.py``).
 
-    python -m examples.clickstream.produce_clicks [--url URL] [--topic clicks]
+    python -m examples.clickstream.produce_clicks [--url URL (default $LOGBUS_URL)] [--topic clicks]
         [--events 6000] [--minutes 5] [--users 5]
 
 The events are spread evenly over ``--minutes`` of *event time*, starting at a whole minute
@@ -13,6 +13,7 @@ clicks stay in one partition), with the event time as the record timestamp.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import httpx
@@ -45,7 +46,11 @@ def produce(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument(
+        "--url",
+        default=os.environ.get("LOGBUS_URL", "http://127.0.0.1:8080"),
+        help="broker URL (default: %(default)s, taken from $LOGBUS_URL when set)",
+    )
     ap.add_argument("--topic", default="clicks")
     ap.add_argument("--events", type=int, default=6000)
     ap.add_argument("--minutes", type=int, default=5)
