@@ -104,3 +104,12 @@ def test_names_and_ranges_the_server_enforces_are_documented(spec: dict[str, Any
     offset = schemas["OffsetIn"]["properties"]["offset"]
     assert offset["minimum"] == 0 and offset["maximum"] == 2**63 - 1
     assert isinstance(offset["maximum"], int)  # a double would be 2^63
+
+
+def test_fetch_documents_every_error_it_can_answer(spec: dict[str, Any]) -> None:
+    """An internal topic (403), a stored record no reader can serve (500, naming its offset)
+    and a failed log directory (503) are answers of a fetch: the document says so."""
+    op = spec["paths"]["/v1/topics/{topic}/partitions/{partition}/records"]["get"]
+    for status in ("403", "500", "503"):
+        assert status in op["responses"], status
+    assert "next_offset" in op["responses"]["500"]["description"]

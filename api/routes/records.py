@@ -233,7 +233,7 @@ async def _produce(
 @router.get(
     "/{topic}/partitions/{partition}/records",
     summary="Fetch records from an offset (long-poll with min_bytes/wait_ms)",
-    responses={**_FETCH_CONTENT, **errors(400, 404, 406, 416)},
+    responses={**_FETCH_CONTENT, **errors(400, 403, 404, 406, 416, 500, 503)},
     response_model=None,
 )
 async def fetch_records(
