@@ -286,7 +286,7 @@ class Broker:
                 self.store.update_topic, name, topic.version, configs=log_config.overrides()
             )
             self._topics[name] = updated
-            self.logs.update_config(name, log_config)
+            await self.logs.update_config(name, log_config)
             return updated
 
     async def add_partitions(self, name: str, total: int) -> TopicMeta:

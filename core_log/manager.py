@@ -609,10 +609,11 @@ class LogManager:
         for p in self._partitions.values():
             p.release_waiters()
 
-    def update_config(self, topic: str, config: LogConfig) -> None:
-        for (t, _), p in self._partitions.items():
-            if t == topic:
-                p.log.update_config(config)
+    async def update_config(self, topic: str, config: LogConfig) -> None:
+        """Apply ``config`` to every open log of ``topic``, in the fsync pool: each log takes
+        its partition lock, which a worker may hold across an fsync."""
+        logs = [p.log for (t, _), p in self._partitions.items() if t == topic]
+        await executors.run(self.pools.fsync, _update_configs, logs, config)
 
     # -- background work -------------------------------------------------------------------------
 
@@ -718,3 +719,8 @@ class LogManager:
                 p.checkpointed = state
                 written += 1
         return written
+
+
+def _update_configs(logs: list[PartitionLog], config: LogConfig) -> None:
+    for log in logs:
+        log.update_config(config)

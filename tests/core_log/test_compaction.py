@@ -518,7 +518,7 @@ def test_config_switch_delete_to_compact(tmp_path: Path) -> None:
         assert await manager.run_cleaner() == []
         assert len(read_all(p.log)) == 20
         assert not (p.log.directory / CLEANER_CHECKPOINT).exists()
-        manager.update_config("t", config(**{"cleanup.policy": "compact,delete"}))
+        await manager.update_config("t", config(**{"cleanup.policy": "compact,delete"}))
         results = await manager.run_cleaner()
         assert len(results) == 1 and results[0].swapped
         assert [(r.offset, r.value) for r in read_all(p.log)] == [(18, b"18"), (19, b"19")]

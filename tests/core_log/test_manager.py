@@ -906,7 +906,7 @@ def hold_lock(log: PartitionLog, release: threading.Event) -> None:
     held.wait()
 
 
-@pytest.mark.parametrize("op", ["append", "read", "high_watermark", "retention"])
+@pytest.mark.parametrize("op", ["append", "read", "high_watermark", "retention", "config"])
 def test_the_loop_never_waits_for_a_busy_partition_lock(tmp_path: Path, op: str) -> None:
     """A small append or read, moving the high watermark, or a retention pass (rolls, deletes,
     producer expiry) while a worker holds the lock:
@@ -928,6 +928,9 @@ def test_the_loop_never_waits_for_a_busy_partition_lock(tmp_path: Path, op: str)
             task = asyncio.ensure_future(p.read(0, 1000))
         elif op == "retention":
             task = asyncio.ensure_future(manager.run_retention())
+        elif op == "config":  # PATCH /v1/topics/{t}/configs
+            changed = LogConfig.from_dict({"retention.ms": 1234})
+            task = asyncio.ensure_future(manager.update_config("t", changed))
         else:
             p.log._high_watermark = 0
             p.set_high_watermark(1)
@@ -938,6 +941,8 @@ def test_the_loop_never_waits_for_a_busy_partition_lock(tmp_path: Path, op: str)
         release.set()
         await task
         assert [v for _, v in await read_values(p)] == ([b"a", b"b"] if op == "append" else [b"a"])
+        if op == "config":
+            assert p.log.config.retention_ms == 1234
         await manager.close()
 
     run(main)
