@@ -977,6 +977,7 @@ class _Fetcher:
         import orjson
 
         from core_log.batch import decode_records, scan_batches
+        from core_log.errors import CorruptRecordError
 
         from .records_codec import record_to_json
 
@@ -991,6 +992,7 @@ class _Fetcher:
         self.decode_error = orjson.JSONDecodeError
         self.scan_batches = scan_batches
         self.decode_records = decode_records
+        self.corrupt_error = CorruptRecordError
         self.record_to_json = record_to_json
         self.out = sys.stdout.buffer
 
@@ -1043,11 +1045,13 @@ class _Fetcher:
                 offset = self._reset(partition, offset, response)
                 continue
             _raise_for_problem(response)
-            records = self._decode(response.content, offset, end)
+            records, unreadable = self._decode(partition, response.content, offset, end)
             if self.remaining is not None:
                 records = records[: self.remaining]
                 self.remaining -= len(records)
             self._print(partition, records)
+            if unreadable is not None and self.remaining != 0:
+                raise unreadable
             if self.remaining == 0:
                 raise _LimitReached
             next_offset = int(response.headers.get("logbus-next-offset", offset))
@@ -1081,19 +1085,28 @@ class _Fetcher:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 
-    def _decode(self, data: bytes, offset: int, end: int | None) -> list[Record]:
+    def _decode(
+        self, partition: int, data: bytes, offset: int, end: int | None
+    ) -> tuple[list[Record], CliError | None]:
+        """The records of ``data`` in [offset, end), and the error for a stored batch no
+        reader can serve (the records before it are still returned, to be printed first)."""
         out: list[Record] = []
         for pos, h in self.scan_batches(data):
             if h.last_offset < offset:
                 continue
             if end is not None and h.base_offset >= end:
                 break
-            out.extend(
-                r
-                for r in self.decode_records(data, pos)
-                if r.offset >= offset and (end is None or r.offset < end)
-            )
-        return out
+            try:
+                batch = self.decode_records(data, pos)
+            except self.corrupt_error as e:
+                first = max(offset, h.base_offset)
+                return out, CliError(
+                    f"partition {partition}: a stored record at offsets {first}..{h.last_offset} "
+                    f"cannot be read ({e}); to skip it: logbus consume {self.topic} "
+                    f"--partition {partition} --from {h.last_offset + 1}"
+                )
+            out.extend(r for r in batch if r.offset >= offset and (end is None or r.offset < end))
+        return out, None
 
     def _reset(self, partition: int, offset: int, response: httpx.Response) -> int:
         """Offset out of range: below the log start (retention moved it) → jump to the start."""

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -399,3 +402,25 @@ def test_websocket_member_skips_it_by_committing(poisoned: tuple[BrokerProcess, 
             assert joined["member_id"]
 
     asyncio.run(main())
+
+
+def test_the_cli_prints_what_it_can_then_names_the_unreadable_record(
+    poisoned: tuple[BrokerProcess, str],
+) -> None:
+    """``logbus consume`` decodes binary batches itself: it prints the records before an
+    unreadable one, then one line naming it and how to skip it (exit 1, no traceback)."""
+    broker, topic = poisoned
+    env = {**os.environ, "LOGBUS_URL": broker.url}
+    cmd = [sys.executable, "-m", "api.cli", "consume", topic, "--partition", "0"]
+    result = subprocess.run(
+        [*cmd, "--from", "earliest"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stdout.split() == ["a"]
+    assert "offsets 1..1" in result.stderr and "--from 2" in result.stderr, result.stderr
+    skipped = subprocess.run(
+        [*cmd, "--from", "2"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert skipped.returncode == 1 and skipped.stdout.split() == ["c"], skipped
+    assert "--from 4" in skipped.stderr, skipped.stderr
