@@ -33,7 +33,6 @@ from core_log.batch import (
     Record,
     any_compressed,
     build_batch,
-    decode_records,
     scan_batches,
     split_batches,
     with_producer,
@@ -644,28 +643,6 @@ def next_offset_after(start: int, count: int, last: int, limit: int, end: int) -
     if count < limit:
         return max(last + 1, end)
     return last + 1
-
-
-def decode_from(
-    data: bytes, offset: int, max_records: int, max_bytes: int | None = None
-) -> list[Record]:
-    """Records at or after ``offset``, at most ``max_records``; stops decoding when enough,
-    or after the batch that brings keys and values to ``max_bytes`` (compressed batches make
-    a read a poor bound on what it decodes to)."""
-    out: list[Record] = []
-    payload_bytes = 0
-    for pos, h in scan_batches(data):
-        if h.last_offset < offset:
-            continue
-        batch = [r for r in decode_records(data, pos) if r.offset >= offset]
-        out.extend(batch)
-        if len(out) >= max_records:
-            return out[:max_records]
-        if max_bytes is not None:
-            payload_bytes += sum(len(r.value or b"") + len(r.key or b"") for r in batch)
-            if payload_bytes >= max_bytes:
-                return out
-    return out
 
 
 def _position_headers(next_offset: int, hw: int, result: Any) -> dict[str, str]:
