@@ -122,7 +122,24 @@ class _StallTimer:
             self.handle = None
 
 
-class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
+class _StallOnPause:
+    """Flow control arms the send timeout: the transport's buffer filled up (the client takes
+    nothing) starts the timer, draining it stops the timer. For both protocols below."""
+
+    _stall: _StallTimer
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+
+    def pause_writing(self) -> None:
+        self._stall.paused(self.loop, self.transport)
+        super().pause_writing()  # type: ignore[misc]
+
+    def resume_writing(self) -> None:
+        self._stall.resumed()
+        super().resume_writing()  # type: ignore[misc]
+
+
+class LimitedWebSocketProtocol(_StallOnPause, WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol with a send timeout (set per broker by the factory)."""
 
     send_timeout_s: float = 30.0
@@ -138,16 +155,8 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
             self.gate.closed(self)
         super().connection_lost(exc)
 
-    def pause_writing(self) -> None:
-        self._stall.paused(self.loop, self.transport)
-        super().pause_writing()
 
-    def resume_writing(self) -> None:
-        self._stall.resumed()
-        super().resume_writing()
-
-
-class LimitedHttpProtocol(HttpToolsProtocol):
+class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
     """uvicorn's httptools protocol with a head timeout, a send timeout and the gate."""
 
     header_timeout_s: float = 10.0
@@ -230,14 +239,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.gate.busy(self)
         self._admitted = False
         super().handle_websocket_upgrade()
-
-    def pause_writing(self) -> None:
-        self._stall.paused(self.loop, self.transport)
-        super().pause_writing()
-
-    def resume_writing(self) -> None:
-        self._stall.resumed()
-        super().resume_writing()
 
     def _arm_head_timer(self) -> None:
         self._cancel_head_timer()
