@@ -86,6 +86,15 @@ def produce(
     return offsets
 
 
+def two_partition_topic(c: httpx.Client, prefix: str) -> str:
+    """A topic with two partitions and one record in each: a partial append would show in the
+    end offsets."""
+    name = create_topic(c, prefix, partitions=2)
+    produce(c, name, [{"value": "p0"}], partition=0)
+    produce(c, name, [{"value": "p1"}], partition=1)
+    return name
+
+
 def fetch(
     c: httpx.Client, topic: str, partition: int, offset: int, **params: Any
 ) -> httpx.Response:

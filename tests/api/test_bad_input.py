@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.api.conftest import both_paths_broker
+from tests.api.conftest import FAST_PATH, FASTAPI_ROUTES, both_paths_broker
 from tests.api.helpers import (
     JSON,
     NDJSON,
@@ -21,13 +21,13 @@ from tests.api.helpers import (
     create_topic,
     end_offsets,
     fetch,
-    produce,
+    two_partition_topic,
     unique,
 )
 from tests.server import BrokerProcess
 
 
-@pytest.fixture(scope="module", params=["fast_path", "fastapi_routes"])
+@pytest.fixture(scope="module", params=[FAST_PATH, FASTAPI_ROUTES])
 def shared_broker(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerProcess]:
@@ -36,11 +36,7 @@ def shared_broker(
 
 @pytest.fixture
 def topic(http: httpx.Client) -> str:
-    """Two partitions, one record each: any partial append would show in the end offsets."""
-    name = create_topic(http, "bad", partitions=2)
-    produce(http, name, [{"value": "p0"}], partition=0)
-    produce(http, name, [{"value": "p1"}], partition=1)
-    return name
+    return two_partition_topic(http, "bad")
 
 
 def post(

@@ -33,6 +33,7 @@ from tests.api.helpers import (
     fetch,
     kafka_batch,
     produce,
+    two_partition_topic,
 )
 from tests.server import BrokerProcess
 
@@ -49,11 +50,7 @@ def shared_broker(
 
 @pytest.fixture
 def topic(http: httpx.Client) -> str:
-    """A topic with two partitions and one record in each: partial appends would show."""
-    name = create_topic(http, "err", partitions=2)
-    produce(http, name, [{"value": "p0"}], partition=0)
-    produce(http, name, [{"value": "p1"}], partition=1)
-    return name
+    return two_partition_topic(http, "err")
 
 
 def post(http: httpx.Client, path: str, body: bytes | str, ctype: str = JSON) -> httpx.Response:
