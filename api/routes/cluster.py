@@ -6,6 +6,8 @@ import asyncio
 
 from fastapi import APIRouter, Response
 
+from core_log.limits import MAX_PARTITIONS_PER_TOPIC
+
 from ..schemas import BrokerPublic, ClusterPublic
 from ..state import AppState, BrokerDep, StateDep
 
@@ -37,12 +39,16 @@ _LIMIT_SETTINGS = (
     "max_inflight_body_bytes",
     "max_inflight_response_bytes",
     "max_queued_stream_bytes",
+    "max_broker_partitions",
 )
 
 
 def limits(state: AppState) -> dict[str, int]:
     """The caps and timeouts in force, named as the settings."""
-    out: dict[str, int] = {"max_connections": state.budgets.gate.cap}
+    out: dict[str, int] = {
+        "max_connections": state.budgets.gate.cap,
+        "max_partitions_per_topic": MAX_PARTITIONS_PER_TOPIC,
+    }
     for name in _LIMIT_SETTINGS:
         out[name] = int(getattr(state.settings, name))
     return out

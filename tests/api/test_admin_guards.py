@@ -12,6 +12,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from core_log.limits import MAX_PARTITIONS_PER_TOPIC
 from tests.api.conftest import make_client, start_broker
 from tests.api.helpers import BATCH, assert_problem, create_topic, produce, unique
 from tests.server import BrokerProcess
@@ -187,3 +188,15 @@ def test_topic_names_colliding_on_dot_and_underscore(
 def test_internal_topic_name_collides_too(http: httpx.Client) -> None:
     r = http.post("/v1/topics", json={"name": "__consumer.offsets"})
     assert_problem(r, 400, "INVALID_TOPIC_EXCEPTION")
+
+
+def test_the_partition_caps_are_published_in_limits(tmp_path: Path) -> None:
+    """Both partition caps are in GET /v1/cluster's limits, as the ones enforced."""
+    b = start_broker(tmp_path / "data", env={"LOGBUS_MAX_BROKER_PARTITIONS": "123"})
+    try:
+        with make_client(b) as c:
+            limits = c.get("/v1/cluster").json()["limits"]
+    finally:
+        b.stop()
+    assert limits["max_broker_partitions"] == 123
+    assert limits["max_partitions_per_topic"] == MAX_PARTITIONS_PER_TOPIC
