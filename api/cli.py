@@ -24,7 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--broker-id", type=int)
-    serve.add_argument("--metadata-url", help="SQLAlchemy URL (default: SQLite in the data dir)")
+    serve.add_argument(
+        "--metadata-url",
+        help="SQLAlchemy URL of the cluster's metadata store: sqlite:///path.db (brokers on one "
+        "host) or postgresql+psycopg://user@host/db; default: SQLite in the data dir, one broker",
+    )
+    serve.add_argument("--rack", help="rack (or zone) name: replicas spread across racks")
+    serve.add_argument(
+        "--advertised-url", help="the URL clients and brokers use to reach this broker"
+    )
     serve.add_argument(
         "--insecure",
         action="store_true",
@@ -44,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     serve.add_argument("--no-fast-path", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
+
+    metadata = sub.add_parser("metadata", help="the metadata store's schema")
+    msub = metadata.add_subparsers(dest="metadata_command", required=True)
+    upgrade = msub.add_parser(
+        "upgrade", help="create or migrate the schema (brokers also do it at start)"
+    )
+    upgrade.add_argument("--metadata-url", help="SQLAlchemy URL (default: SQLite in the data dir)")
+    upgrade.add_argument("--data-dir", type=Path)
+    upgrade.set_defaults(func=_metadata_upgrade)
 
     client_cli.add_commands(sub)
 
@@ -65,6 +82,8 @@ def _serve(args: argparse.Namespace) -> int:
             "port": args.port,
             "broker_id": args.broker_id,
             "metadata_url": args.metadata_url,
+            "rack": args.rack,
+            "advertised_url": args.advertised_url,
             "insecure": args.insecure or None,
             "fast_path": False if args.no_fast_path else None,
             "allowed_hosts": args.allowed_hosts,
@@ -73,6 +92,24 @@ def _serve(args: argparse.Namespace) -> int:
         if v is not None
     }
     return serve(Settings(**overrides))
+
+
+def _metadata_upgrade(args: argparse.Namespace) -> int:
+    import sqlalchemy as sa
+
+    from cluster import migrate
+
+    settings = Settings(**{k: v for k, v in {"data_dir": args.data_dir}.items() if v is not None})
+    url = args.metadata_url or settings.metadata_url
+    if url is None:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{settings.data_dir / 'metadata.db'}"
+    engine = sa.create_engine(url)
+    before = migrate.current(engine)
+    after = migrate.upgrade(engine)
+    engine.dispose()
+    print(f"metadata schema at revision {after} (was {before or 'empty'})")
+    return 0
 
 
 if __name__ == "__main__":

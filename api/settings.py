@@ -27,6 +27,21 @@ class Settings(BaseSettings):
     broker_id: int = 1
     rack: str | None = None
     metadata_url: str | None = None  # default: sqlite:///{data_dir}/metadata.db
+    # -- the replicated cluster (docs/operations.md); Kafka's names and defaults --------------
+    advertised_url: str | None = None  # how clients and peers reach this broker
+    replication_port: int = 0  # the h2c replication listener; 0 = ephemeral, advertised
+    broker_heartbeat_interval_ms: int = 2_000  # lease renewal (KRaft's default)
+    broker_session_timeout_ms: int = 9_000  # lease length: a silent broker is fenced after it
+    replica_lag_time_max_ms: int = 30_000  # a follower not caught up this long leaves the ISR
+    replica_fetch_wait_max_ms: int = 500  # a follower's long-poll
+    replica_fetch_max_bytes: int = 1_048_576  # per partition per fetch
+    replica_fetch_response_max_bytes: int = 10_485_760  # per fetch
+    replica_socket_timeout_ms: int = 30_000  # a replica fetch with no answer is retried
+    metadata_refresh_interval_ms: int = 200  # how often a broker looks for metadata changes
+    default_replication_factor: int = 1
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_seconds: int = 300
+    request_timeout_ms: int = 30_000  # how long acks=all waits for the ISR (Kafka's timeout)
     insecure: bool = False  # allow a non-loopback bind without authentication
     # Browsers (api/guard.py, docs/security.md): Host names besides the bound ones (loopback
     # names for a loopback bind; "*" = any), and origins of web pages allowed to call the

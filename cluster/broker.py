@@ -103,6 +103,7 @@ class Broker:
         self.clock = clock or SystemClock()
         self.data_dir = config.data_dir
         self.metadata: MetadataStore | None = None
+        self.broker_epoch = 0
         self._topics: dict[str, TopicMeta] = {}
         self._producer_epochs: dict[int, int] = {}  # named producers: latest epoch handed out
         self.logs = LogManager(
@@ -135,10 +136,10 @@ class Broker:
     async def _start_locked(self) -> None:
         url = self.config.metadata_url or f"sqlite:///{self.data_dir / 'metadata.db'}"
         self.metadata = await asyncio.to_thread(MetadataStore, url)
-        await asyncio.to_thread(
+        self.broker_epoch = await asyncio.to_thread(
             self.metadata.register_broker,
             BrokerMeta(self.config.broker_id, self.config.host, self.config.port, self.config.rack),
-            self.clock.now_ms() + BROKER_LEASE_MS,
+            BROKER_LEASE_MS,
         )
         self._topics = {t.name: t for t in await asyncio.to_thread(self.metadata.topics)}
         self._producer_epochs = await asyncio.to_thread(self.metadata.producer_epochs)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
 
 import sqlalchemy as sa
@@ -32,68 +32,21 @@ from core_log.errors import (
     UnknownTopicOrPartitionError,
 )
 
-metadata_obj = sa.MetaData()
-
-topics_table = sa.Table(
-    "topics",
-    metadata_obj,
-    sa.Column("name", sa.String(249), primary_key=True),
-    sa.Column("topic_id", sa.String(32), nullable=False),
-    sa.Column("partitions", sa.Integer, nullable=False),
-    sa.Column("replication_factor", sa.Integer, nullable=False),
-    sa.Column("configs", sa.JSON, nullable=False),
-    sa.Column("created_ms", sa.BigInteger, nullable=False),
-    sa.Column("version", sa.Integer, nullable=False),
-)
-
-partitions_table = sa.Table(
-    "partitions",
-    metadata_obj,
-    sa.Column("topic", sa.String(249), primary_key=True),
-    sa.Column("partition", sa.Integer, primary_key=True),
-    sa.Column("replicas", sa.JSON, nullable=False),
-    sa.Column("isr", sa.JSON, nullable=False),
-    sa.Column("leader", sa.Integer, nullable=False),
-    sa.Column("leader_epoch", sa.Integer, nullable=False),
-    sa.Column("partition_epoch", sa.Integer, nullable=False),
-)
-
-brokers_table = sa.Table(
-    "brokers",
-    metadata_obj,
-    sa.Column("broker_id", sa.Integer, primary_key=True),
-    sa.Column("host", sa.String(255), nullable=False),
-    sa.Column("port", sa.Integer, nullable=False),
-    sa.Column("rack", sa.String(255), nullable=True),
-    sa.Column("lease_expires_ms", sa.BigInteger, nullable=False),
-)
-
-
-counters_table = sa.Table(
-    "counters",
-    metadata_obj,
-    sa.Column("name", sa.String(64), primary_key=True),
-    sa.Column("value", sa.BigInteger, nullable=False),
-)
-
-producer_names_table = sa.Table(
-    "producer_names",
-    metadata_obj,
-    sa.Column("name", sa.String(249), primary_key=True),
-    sa.Column("producer_id", sa.BigInteger, nullable=False),
-    sa.Column("producer_epoch", sa.Integer, nullable=False),
-)
-
-idempotency_keys_table = sa.Table(
-    "idempotency_keys",
-    metadata_obj,
-    sa.Column("key", sa.String(255), primary_key=True),
-    sa.Column("digest", sa.String(64), nullable=False),
-    sa.Column("producer_id", sa.BigInteger, nullable=False),
-    sa.Column("created_ms", sa.BigInteger, nullable=False, index=True),
+from . import migrate
+from .schema import (
+    brokers_table,
+    controller_table,
+    counters_table,
+    db_now_ms,
+    idempotency_keys_table,
+    partitions_table,
+    producer_names_table,
+    topics_table,
 )
 
 PRODUCER_ID_COUNTER = "next_producer_id"
+METADATA_VERSION = "metadata_version"  # bumped by every change brokers must learn about
+CONTROLLER_ROW = 1
 MAX_PRODUCER_EPOCH = 2**15 - 1  # int16 in the batch header; Kafka takes a new id past it
 
 
@@ -106,6 +59,7 @@ class PartitionMeta:
     leader: int
     leader_epoch: int
     partition_epoch: int
+    unclean_elections: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,6 +80,21 @@ class BrokerMeta:
     host: str
     port: int
     rack: str | None
+    url: str = ""  # advertised base URL; "" = http://{host}:{port}
+    replication_port: int = 0  # the h2c replication listener
+    broker_epoch: int = 0
+    alive: bool = True  # lease not expired (judged by the database's clock)
+
+    @property
+    def base_url(self) -> str:
+        return self.url or f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ControllerMeta:
+    broker_id: int
+    controller_epoch: int
+    alive: bool
 
 
 class ConcurrentUpdateError(LogbusError):
@@ -161,35 +130,279 @@ class MetadataStore:
         self.engine = sa.create_engine(url, **kwargs)
         if url.startswith("sqlite"):
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
-        metadata_obj.create_all(self.engine)
+        migrate.upgrade(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
 
-    # -- brokers -----------------------------------------------------------------------------------
+    # -- brokers ---------------------------------------------------------------------------------
 
     @_storage_errors
-    def register_broker(self, broker: BrokerMeta, lease_expires_ms: int) -> None:
+    def register_broker(self, broker: BrokerMeta, session_timeout_ms: int) -> int:
+        """Register (or re-register) ``broker`` with a fresh lease; return its new broker epoch.
+
+        Every registration is a new incarnation: the epoch grows, so a heartbeat or an ISR
+        change made under an older epoch is refused."""
         row = {
             "host": broker.host,
             "port": broker.port,
             "rack": broker.rack,
-            "lease_expires_ms": lease_expires_ms,
+            "url": broker.url,
+            "replication_port": broker.replication_port,
+            "lease_expires_ms": db_now_ms() + session_timeout_ms,
         }
+        b = brokers_table.c
         with self.engine.begin() as c:
-            updated = c.execute(
+            seen = c.execute(
+                sa.select(b.broker_epoch).where(b.broker_id == broker.broker_id)
+            ).scalar_one_or_none()
+            if seen is None:
+                epoch = 1
+                c.execute(
+                    brokers_table.insert().values(
+                        broker_id=broker.broker_id, broker_epoch=epoch, **row
+                    )
+                )
+            else:
+                epoch = int(seen) + 1
+                updated = c.execute(
+                    brokers_table.update()
+                    .where(b.broker_id == broker.broker_id, b.broker_epoch == seen)
+                    .values(broker_epoch=epoch, **row)
+                ).rowcount
+                if not updated:
+                    raise ConcurrentUpdateError(f"broker {broker.broker_id} registered twice")
+            _bump_version(c)
+            return epoch
+
+    @_storage_errors
+    def heartbeat(self, broker_id: int, broker_epoch: int, session_timeout_ms: int) -> bool:
+        """Renew the lease of ``broker_id`` in ``broker_epoch``; False if it has expired (or a
+        newer incarnation registered): the broker is fenced and must register again."""
+        b = brokers_table.c
+        with self.engine.begin() as c:
+            return bool(
+                c.execute(
+                    brokers_table.update()
+                    .where(
+                        b.broker_id == broker_id,
+                        b.broker_epoch == broker_epoch,
+                        b.lease_expires_ms > db_now_ms(),
+                    )
+                    .values(lease_expires_ms=db_now_ms() + session_timeout_ms)
+                ).rowcount
+            )
+
+    @_storage_errors
+    def expire_broker(self, broker_id: int, broker_epoch: int) -> None:
+        """End the lease now (a clean shutdown): the controller moves leadership at once."""
+        b = brokers_table.c
+        with self.engine.begin() as c:
+            c.execute(
                 brokers_table.update()
-                .where(brokers_table.c.broker_id == broker.broker_id)
-                .values(**row)
-            ).rowcount
-            if not updated:
-                c.execute(brokers_table.insert().values(broker_id=broker.broker_id, **row))
+                .where(b.broker_id == broker_id, b.broker_epoch == broker_epoch)
+                .values(lease_expires_ms=0)
+            )
+            _bump_version(c)
 
     @_storage_errors
     def brokers(self) -> list[BrokerMeta]:
         with self.engine.connect() as c:
-            rows = c.execute(sa.select(brokers_table).order_by(brokers_table.c.broker_id))
-            return [BrokerMeta(r.broker_id, r.host, r.port, r.rack) for r in rows]
+            rows = c.execute(
+                sa.select(
+                    brokers_table, (brokers_table.c.lease_expires_ms > db_now_ms()).label("alive")
+                ).order_by(brokers_table.c.broker_id)
+            )
+            return [
+                BrokerMeta(
+                    r.broker_id,
+                    r.host,
+                    r.port,
+                    r.rack,
+                    r.url,
+                    r.replication_port,
+                    int(r.broker_epoch),
+                    bool(r.alive),
+                )
+                for r in rows
+            ]
+
+    # -- controller --------------------------------------------------------------------------------
+
+    @_storage_errors
+    def acquire_controller(self, broker_id: int, lease_ms: int) -> int | None:
+        """Take the controller lease if nobody holds a live one; return the new controller
+        epoch, or None if another broker holds it."""
+        t = controller_table.c
+        with self.engine.begin() as c:
+            seen = c.execute(sa.select(t.controller_epoch).where(t.id == CONTROLLER_ROW)).first()
+            if seen is None:
+                try:
+                    with c.begin_nested():
+                        c.execute(
+                            controller_table.insert().values(
+                                id=CONTROLLER_ROW,
+                                broker_id=broker_id,
+                                controller_epoch=1,
+                                lease_expires_ms=db_now_ms() + lease_ms,
+                            )
+                        )
+                except IntegrityError:
+                    return None
+                _bump_version(c)
+                return 1
+            epoch = int(seen.controller_epoch) + 1
+            taken = c.execute(
+                controller_table.update()
+                .where(
+                    t.id == CONTROLLER_ROW,
+                    t.controller_epoch == seen.controller_epoch,
+                    t.lease_expires_ms <= db_now_ms(),
+                )
+                .values(
+                    broker_id=broker_id,
+                    controller_epoch=epoch,
+                    lease_expires_ms=db_now_ms() + lease_ms,
+                )
+            ).rowcount
+            if not taken:
+                return None
+            _bump_version(c)
+            return epoch
+
+    @_storage_errors
+    def renew_controller(self, broker_id: int, controller_epoch: int, lease_ms: int) -> bool:
+        """Extend the lease held in ``controller_epoch``; False once it has been lost."""
+        t = controller_table.c
+        with self.engine.begin() as c:
+            return bool(
+                c.execute(
+                    controller_table.update()
+                    .where(
+                        t.id == CONTROLLER_ROW,
+                        t.broker_id == broker_id,
+                        t.controller_epoch == controller_epoch,
+                        t.lease_expires_ms > db_now_ms(),
+                    )
+                    .values(lease_expires_ms=db_now_ms() + lease_ms)
+                ).rowcount
+            )
+
+    @_storage_errors
+    def resign_controller(self, broker_id: int, controller_epoch: int) -> None:
+        t = controller_table.c
+        with self.engine.begin() as c:
+            c.execute(
+                controller_table.update()
+                .where(t.broker_id == broker_id, t.controller_epoch == controller_epoch)
+                .values(lease_expires_ms=0)
+            )
+
+    @_storage_errors
+    def controller(self) -> ControllerMeta | None:
+        t = controller_table.c
+        with self.engine.connect() as c:
+            r = c.execute(
+                sa.select(
+                    t.broker_id, t.controller_epoch, (t.lease_expires_ms > db_now_ms()).label("a")
+                ).where(t.id == CONTROLLER_ROW)
+            ).first()
+        if r is None:
+            return None
+        return ControllerMeta(int(r.broker_id), int(r.controller_epoch), bool(r.a))
+
+    # -- partition state ---------------------------------------------------------------------------
+
+    @_storage_errors
+    def metadata_version(self) -> int:
+        with self.engine.connect() as c:
+            v = c.execute(
+                sa.select(counters_table.c.value).where(counters_table.c.name == METADATA_VERSION)
+            ).scalar_one_or_none()
+        return int(v or 0)
+
+    @_storage_errors
+    def change_isr(
+        self, seen: PartitionMeta, isr: list[int], broker_id: int, broker_epoch: int
+    ) -> PartitionMeta:
+        """The leader's ISR change: a compare-and-set on the partition epoch, accepted only
+        while the leader is still the leader in that epoch AND its own lease is live in
+        ``broker_epoch`` (a fenced leader cannot shrink the ISR to itself)."""
+        p, b = partitions_table.c, brokers_table.c
+        lease_live = (
+            sa.select(b.broker_id)
+            .where(
+                b.broker_id == broker_id,
+                b.broker_epoch == broker_epoch,
+                b.lease_expires_ms > db_now_ms(),
+            )
+            .exists()
+        )
+        with self.engine.begin() as c:
+            updated = c.execute(
+                partitions_table.update()
+                .where(
+                    p.topic == seen.topic,
+                    p.partition == seen.partition,
+                    p.partition_epoch == seen.partition_epoch,
+                    p.leader == broker_id,
+                    p.leader_epoch == seen.leader_epoch,
+                    lease_live,
+                )
+                .values(isr=isr, partition_epoch=seen.partition_epoch + 1)
+            ).rowcount
+            if not updated:
+                raise ConcurrentUpdateError(
+                    f"{seen.topic}-{seen.partition} changed since partition epoch "
+                    f"{seen.partition_epoch} (or broker {broker_id} is fenced)"
+                )
+            _bump_version(c)
+        return replace(seen, isr=list(isr), partition_epoch=seen.partition_epoch + 1)
+
+    @_storage_errors
+    def apply_controller_changes(
+        self, controller: tuple[int, int], changes: list[tuple[int, PartitionMeta]]
+    ) -> list[PartitionMeta]:
+        """The controller's decisions (elections, ISR removals of fenced brokers) in one
+        transaction: each a compare-and-set on the partition epoch it was computed from
+        (``(seen_partition_epoch, new_row)``), all under a live lease of ``controller`` =
+        (broker id, controller epoch). Returns the rows applied (a row changed meanwhile is
+        skipped: the controller looks again on its next pass)."""
+        broker_id, controller_epoch = controller
+        t, p = controller_table.c, partitions_table.c
+        applied: list[PartitionMeta] = []
+        with self.engine.begin() as c:
+            live = c.execute(
+                sa.select(t.id).where(
+                    t.id == CONTROLLER_ROW,
+                    t.broker_id == broker_id,
+                    t.controller_epoch == controller_epoch,
+                    t.lease_expires_ms > db_now_ms(),
+                )
+            ).first()
+            if live is None:
+                raise ConcurrentUpdateError(f"controller epoch {controller_epoch} lost its lease")
+            for seen_epoch, new in changes:
+                updated = c.execute(
+                    partitions_table.update()
+                    .where(
+                        p.topic == new.topic,
+                        p.partition == new.partition,
+                        p.partition_epoch == seen_epoch,
+                    )
+                    .values(
+                        isr=new.isr,
+                        leader=new.leader,
+                        leader_epoch=new.leader_epoch,
+                        partition_epoch=new.partition_epoch,
+                        unclean_elections=new.unclean_elections,
+                    )
+                ).rowcount
+                if updated:
+                    applied.append(new)
+            if applied:
+                _bump_version(c)
+        return applied
 
     # -- topics ------------------------------------------------------------------------------------
 
@@ -212,6 +425,7 @@ class MetadataStore:
                     c.execute(
                         partitions_table.insert(), [_partition_row(p) for p in topic.assignments]
                     )
+                _bump_version(c)
         except IntegrityError:
             raise TopicAlreadyExistsError(f"topic {topic.name!r} already exists") from None
         return topic
@@ -250,6 +464,7 @@ class MetadataStore:
             if not deleted:
                 raise UnknownTopicOrPartitionError(f"unknown topic {name!r}", topic=name)
             c.execute(partitions_table.delete().where(partitions_table.c.topic == name))
+            _bump_version(c)
 
     @_storage_errors
     def update_topic(
@@ -279,6 +494,7 @@ class MetadataStore:
                 raise ConcurrentUpdateError(f"topic {name!r} changed concurrently; retry")
             if add_partitions:
                 c.execute(partitions_table.insert(), [_partition_row(p) for p in add_partitions])
+            _bump_version(c)
         return self.topic(name)
 
     # -- producers ---------------------------------------------------------------------------------
@@ -356,22 +572,51 @@ class MetadataStore:
             rows = c.execute(sa.select(producer_names_table))
             return {int(r.producer_id): int(r.producer_epoch) for r in rows}
 
+    @_storage_errors
+    def allocate_producer_ids(self, count: int) -> range:
+        """A block of ``count`` fresh producer ids for one broker to hand out (never reused:
+        the counter only grows)."""
+        with self.engine.begin() as c:
+            first = self._next_producer_id(c, count)
+        return range(first, first + count)
+
     @staticmethod
-    def _next_producer_id(c: sa.Connection) -> int:
+    def _next_producer_id(c: sa.Connection, count: int = 1) -> int:
         current = c.execute(
             sa.select(counters_table.c.value).where(counters_table.c.name == PRODUCER_ID_COUNTER)
         ).scalar_one_or_none()
         if current is None:
-            c.execute(counters_table.insert().values(name=PRODUCER_ID_COUNTER, value=1))
+            c.execute(counters_table.insert().values(name=PRODUCER_ID_COUNTER, value=count))
             return 0
         updated = c.execute(
             counters_table.update()
             .where(counters_table.c.name == PRODUCER_ID_COUNTER, counters_table.c.value == current)
-            .values(value=current + 1)
+            .values(value=current + count)
         ).rowcount
         if not updated:  # another broker took it first (PostgreSQL): the caller retries
             raise ConcurrentUpdateError("producer id allocation raced; retry")
         return int(current)
+
+
+def _bump_version(c: sa.Connection) -> None:
+    """Tell every broker the metadata changed (they poll this counter). An UPDATE of the one
+    row: concurrent changes serialise on it, and the counter never goes back."""
+    name = counters_table.c.name
+    updated = c.execute(
+        counters_table.update()
+        .where(name == METADATA_VERSION)
+        .values(value=counters_table.c.value + 1)
+    ).rowcount
+    if not updated:
+        try:
+            with c.begin_nested():
+                c.execute(counters_table.insert().values(name=METADATA_VERSION, value=1))
+        except IntegrityError:  # another broker created it first
+            c.execute(
+                counters_table.update()
+                .where(name == METADATA_VERSION)
+                .values(value=counters_table.c.value + 1)
+            )
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -390,6 +635,7 @@ def _partition_row(p: PartitionMeta) -> dict[str, Any]:
         "leader": p.leader,
         "leader_epoch": p.leader_epoch,
         "partition_epoch": p.partition_epoch,
+        "unclean_elections": p.unclean_elections,
     }
 
 
@@ -402,6 +648,7 @@ def _partition_meta(r: Any) -> PartitionMeta:
         r.leader,
         r.leader_epoch,
         r.partition_epoch,
+        r.unclean_elections,
     )
 
 
