@@ -1,0 +1,35 @@
+"""The h2c transport brokers replicate over: import everything from here.
+
+Thin asyncio shells over the sans-I/O ``h2`` library, ignorant of replication:
+
+* :class:`H2Server` (:mod:`cluster.h2server`) hands each request to a ``Handler``;
+* :class:`H2Client` (:mod:`cluster.h2client`) multiplexes requests to one peer on one
+  connection;
+* :class:`H2Limits`, :class:`H2Request`, :class:`H2Response`, :class:`H2TransportError`
+  (:mod:`cluster.h2base`) are shared; the flow-control and backpressure rules are described
+  there.
+
+Errors: every network failure raises :class:`H2TransportError` (a ``ConnectionError``); a
+request's own deadline raises ``TimeoutError``. Both are ``OSError``.
+"""
+
+from cluster.h2base import (
+    H2Limits,
+    H2Request,
+    H2Response,
+    H2TransportError,
+    Handler,
+)
+from cluster.h2client import H2Client
+from cluster.h2server import H2Server, H2ServerStats
+
+__all__ = [
+    "H2Client",
+    "H2Limits",
+    "H2Request",
+    "H2Response",
+    "H2Server",
+    "H2ServerStats",
+    "H2TransportError",
+    "Handler",
+]
