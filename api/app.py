@@ -12,6 +12,7 @@ from fastapi_offline import FastAPIOffline
 
 from cluster.broker import Broker, BrokerConfig
 from cluster.coordinator import Coordinator
+from cluster.replica_manager import ReplicationConfig
 from core_log.datadir import DataDirLock
 
 from . import errors
@@ -50,6 +51,23 @@ def broker_config(settings: Settings) -> BrokerConfig:
         log_cleaner_backoff_ms=settings.log_cleaner_backoff_ms,
         idempotency_window_ms=settings.idempotency_window_ms,
         max_broker_partitions=settings.max_broker_partitions,
+        advertised_url=settings.advertised_url,
+        replication_port=settings.replication_port,
+        replication=ReplicationConfig(
+            broker_id=settings.broker_id,
+            heartbeat_interval_ms=settings.broker_heartbeat_interval_ms,
+            session_timeout_ms=settings.broker_session_timeout_ms,
+            replica_lag_time_max_ms=settings.replica_lag_time_max_ms,
+            fetch_wait_max_ms=settings.replica_fetch_wait_max_ms,
+            fetch_max_bytes=settings.replica_fetch_max_bytes,
+            fetch_response_max_bytes=settings.replica_fetch_response_max_bytes,
+            socket_timeout_ms=settings.replica_socket_timeout_ms,
+            metadata_refresh_interval_ms=settings.metadata_refresh_interval_ms,
+            request_timeout_ms=settings.request_timeout_ms,
+        ),
+        default_replication_factor=settings.default_replication_factor,
+        auto_leader_rebalance_enable=settings.auto_leader_rebalance_enable,
+        leader_imbalance_check_interval_ms=settings.leader_imbalance_check_interval_seconds * 1000,
     )
 
 

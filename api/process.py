@@ -25,8 +25,16 @@ def free_port() -> int:
 class BrokerProcess:
     """Start, stop, SIGKILL and restart a broker on one data directory."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, *extra_args: str) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *extra_args: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``env``: settings for this broker (``LOGBUS_*``) on top of the inherited ones."""
         self.data_dir = data_dir
+        self.env = env or {}
         self.port = port or free_port()
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -51,7 +59,7 @@ class BrokerProcess:
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
         )
         log.close()
         self._wait_ready()

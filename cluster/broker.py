@@ -19,6 +19,7 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import re
 import uuid
@@ -42,8 +43,10 @@ from core_log.limits import DEFAULT_MAX_BROKER_PARTITIONS, MAX_PARTITIONS_PER_TO
 from core_log.log import AppendResult
 from core_log.manager import LogManager, Partition, validate_topic_name
 
+from .controller import Controller, assign_replicas, live_placement
 from .metadata import BrokerMeta, MetadataStore, PartitionMeta, TopicMeta
 from .partitioner import StickyPartitioner, partition_for_key
+from .replica_manager import ReplicaManager, ReplicationConfig
 
 _TRANSACTIONAL_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 BROKER_LEASE_MS = 30_000
@@ -88,6 +91,17 @@ class BrokerConfig:
     # producer.id.expiration.ms default) and at most 10,000 producers (core_log.producer_state).
     idempotency_window_ms: int = 86_400_000
     max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS  # internal topics included
+    # The replicated cluster: on when a metadata URL is given (brokers sharing it form one).
+    advertised_url: str | None = None
+    replication_port: int = 0  # 0 = ephemeral, advertised through the store
+    replication: ReplicationConfig | None = None
+    default_replication_factor: int = 1
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_ms: int = 300_000
+
+    @property
+    def clustered(self) -> bool:
+        return self.metadata_url is not None
 
 
 class Broker:
@@ -114,7 +128,12 @@ class Broker:
             retention_check_interval_ms=config.retention_check_interval_ms,
             dir_lock=dir_lock,
             cleaner_backoff_ms=config.log_cleaner_backoff_ms,
+            # In a cluster the replica manager moves the high watermark (over the ISR).
+            auto_high_watermark=not config.clustered,
         )
+        self.replicas: ReplicaManager | None = None
+        self.controller: Controller | None = None
+        self._controller_task: asyncio.Task[None] | None = None
         self.sticky = StickyPartitioner()
         self._admin_lock = asyncio.Lock()
         self.topic_listeners: list[Callable[[], None]] = []  # told of partition/topic changes
@@ -136,6 +155,9 @@ class Broker:
     async def _start_locked(self) -> None:
         url = self.config.metadata_url or f"sqlite:///{self.data_dir / 'metadata.db'}"
         self.metadata = await asyncio.to_thread(MetadataStore, url)
+        if self.config.clustered:
+            await self._start_clustered()
+            return
         self.broker_epoch = await asyncio.to_thread(
             self.metadata.register_broker,
             BrokerMeta(self.config.broker_id, self.config.host, self.config.port, self.config.rack),
@@ -146,6 +168,38 @@ class Broker:
         await self.logs.start()
         await self._reconcile()
         self.ready = True
+
+    async def _start_clustered(self) -> None:
+        """Open the logs, listen for replica fetches, register with a lease, take the roles the
+        store gives this broker, and run for the controller lease."""
+        cfg = self.config
+        rcfg = cfg.replication or ReplicationConfig(broker_id=cfg.broker_id)
+        await self.logs.start()
+        self.replicas = ReplicaManager(rcfg, self.logs, self.store, self.clock, self.log_config)
+        self.replicas.on_topics.append(self._set_topics)
+        port = await self.replicas.start_listener(cfg.host, cfg.replication_port)
+        me = BrokerMeta(cfg.broker_id, cfg.host, cfg.port, cfg.rack, cfg.advertised_url or "", port)
+        self.broker_epoch = await asyncio.to_thread(
+            self.store.register_broker, me, rcfg.session_timeout_ms
+        )
+        self._producer_epochs = await asyncio.to_thread(self.store.producer_epochs)
+        self.replicas.start(self.broker_epoch)
+        await self.replicas.refresh()
+        self.controller = Controller(
+            self.store,
+            cfg.broker_id,
+            lease_ms=rcfg.session_timeout_ms,
+            interval_ms=rcfg.heartbeat_interval_ms,
+            rebalance_interval_ms=cfg.leader_imbalance_check_interval_ms,
+            auto_rebalance=cfg.auto_leader_rebalance_enable,
+            unclean_for=lambda t: self.log_config(t).unclean_leader_election,
+            monotonic_ms=lambda: int(self.clock.monotonic_ms()),
+        )
+        self._controller_task = asyncio.create_task(self.controller.run(), name="logbus-ctl")
+        self.ready = True
+
+    def _set_topics(self, topics: list[TopicMeta]) -> None:
+        self._topics = {t.name: t for t in topics}
 
     async def _reconcile(self) -> None:
         on_disk = self.logs.topics()
@@ -162,6 +216,18 @@ class Broker:
 
     async def close(self) -> None:
         self.ready = False
+        if self._controller_task is not None:
+            self._controller_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._controller_task
+        if self.replicas is not None:
+            await self.replicas.close()
+            with contextlib.suppress(Exception):
+                if self.controller is not None:
+                    await self.controller.resign()
+                await asyncio.to_thread(
+                    self.store.expire_broker, self.config.broker_id, self.broker_epoch
+                )
         await self.logs.close()
         if self.metadata is not None:
             self.metadata.close()
@@ -195,6 +261,10 @@ class Broker:
     ) -> TopicMeta:
         validate_topic_name(name)
         _check_partition_count(partitions)
+        if self.config.clustered:
+            return await _completed(
+                self._create_replicated(name, partitions, replication_factor, configs or {})
+            )
         if replication_factor != 1:
             raise LogbusError(
                 f"replication factor {replication_factor} is larger than the 1 available broker",
@@ -228,6 +298,39 @@ class Broker:
                 raise
         return meta
 
+    async def _create_replicated(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, Any]
+    ) -> TopicMeta:
+        log_config = LogConfig.from_dict(configs)
+        async with self._admin_lock:
+            self._check_name_free(name)
+            placement = live_placement(await asyncio.to_thread(self.store.brokers))
+            start = sum(t.partitions for t in self._topics.values())
+            try:
+                plan = assign_replicas(placement, partitions, replication_factor, start)
+            except ValueError as e:
+                raise LogbusError(str(e), code=ErrorCode.INVALID_REPLICATION_FACTOR) from None
+            meta = TopicMeta(
+                name=name,
+                topic_id=uuid.uuid4().hex,
+                partitions=partitions,
+                replication_factor=replication_factor,
+                configs=log_config.overrides(),
+                created_ms=self.clock.now_ms(),
+                version=0,
+                assignments=[
+                    PartitionMeta(name, p, r, list(r), r[0], 0, 0) for p, r in enumerate(plan)
+                ],
+            )
+            await asyncio.to_thread(self.store.create_topic, meta)
+            await self.cluster.refresh()
+        return self.topic(name)
+
+    @property
+    def cluster(self) -> ReplicaManager:
+        assert self.replicas is not None, "not a clustered broker"
+        return self.replicas
+
     def _check_name_free(self, name: str) -> None:
         """Kafka's rule: ``.`` and ``_`` collide in metric names, so ``a.b`` and ``a_b`` cannot
         both exist."""
@@ -258,8 +361,11 @@ class Broker:
         async with self._admin_lock:
             topic = self.topic(name)
             await asyncio.to_thread(self.store.delete_topic, name)
-            del self._topics[name]
-            await self.logs.delete_many(name, list(range(topic.partitions)))
+            if self.replicas is not None:
+                await self.replicas.refresh()
+            else:
+                del self._topics[name]
+                await self.logs.delete_many(name, list(range(topic.partitions)))
         self._topics_changed()
 
     def _topics_changed(self) -> None:
@@ -313,17 +419,33 @@ class Broker:
                     code=ErrorCode.INVALID_PARTITIONS,
                 )
             self._check_broker_partitions(total - topic.partitions)
-            me = self.config.broker_id
-            new = [
-                PartitionMeta(name, p, [me], [me], me, 0, 0) for p in range(topic.partitions, total)
-            ]
+            new = await self._new_partitions(name, topic.partitions, total, topic)
             updated = await asyncio.to_thread(
                 self.store.update_topic, name, topic.version, add_partitions=new
             )
             self._topics[name] = updated
+            if self.replicas is not None:
+                await self.replicas.refresh()
+                return updated
             # A crash before the logs exist is healed at start (_reconcile creates them).
             await self.logs.create_many(name, [p.partition for p in new], self.log_config(name))
         return updated
+
+    async def _new_partitions(
+        self, name: str, first: int, total: int, topic: TopicMeta
+    ) -> list[PartitionMeta]:
+        me = self.config.broker_id
+        if self.replicas is None:
+            return [PartitionMeta(name, p, [me], [me], me, 0, 0) for p in range(first, total)]
+        placement = live_placement(await asyncio.to_thread(self.store.brokers))
+        try:
+            plan = assign_replicas(placement, total - first, topic.replication_factor, first)
+        except ValueError as e:
+            raise LogbusError(str(e), code=ErrorCode.INVALID_REPLICATION_FACTOR) from None
+        return [
+            PartitionMeta(name, p, r, list(r), r[0], 0, 0)
+            for p, r in zip(range(first, total), plan, strict=True)
+        ]
 
     # -- producers -------------------------------------------------------------------------------
 
@@ -367,7 +489,34 @@ class Broker:
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has no partition {partition}", topic=topic, partition=partition
             )
+        if self.replicas is not None:
+            return self.replicas.leader_of(topic, partition).partition
         return self.logs.get(topic, partition)
+
+    def leads(self, topic: str, partition: int) -> bool:
+        """Whether this broker leads the partition now (always, for a single broker)."""
+        if self.replicas is None:
+            return True
+        leading = self.replicas.leading.get((topic, partition))
+        return leading is not None and leading.active
+
+    def offsets_replication_factor(self) -> int:
+        """Kafka's offsets.topic.replication.factor (3), capped by the brokers registered."""
+        if self.replicas is None:
+            return 1
+        return max(1, min(3, sum(1 for b in self.replicas.brokers.values() if b.alive)))
+
+    async def refresh_metadata(self) -> None:
+        if self.replicas is not None:
+            await self.replicas.refresh()
+
+    def local_partition(self, topic: str, partition: int) -> Partition | None:
+        """This broker's replica of the partition, led here or not (None if it holds none):
+        for describing it, never for serving clients."""
+        try:
+            return self.logs.get(topic, partition)
+        except LogbusError:
+            return None
 
     def partition_for(self, topic: str, key: bytes | None, sticky: int) -> int:
         """Kafka's choice: murmur2 of the key, or the request's sticky partition."""
@@ -389,6 +538,10 @@ class Broker:
         broker's own writers)."""
         if not internal:
             _check_not_internal(topic)
+        if self.replicas is not None:
+            self.partition(topic, partition)  # unknown partition: 404 before anything else
+            self._check_not_fenced(data)
+            return await self.replicas.append(topic, partition, data, wait_for_isr=acks is Acks.ALL)
         p = self.partition(topic, partition)
         self._check_not_fenced(data)
         return await p.append(data, leader_epoch=0, durable=acks is Acks.ALL)

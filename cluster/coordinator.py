@@ -33,7 +33,12 @@ from typing import Any
 import orjson
 
 from core_log.batch import Record, build_batch, iter_records
-from core_log.errors import ErrorCode, LogbusError, OffsetOutOfRangeError
+from core_log.errors import (
+    ErrorCode,
+    LogbusError,
+    OffsetOutOfRangeError,
+    TopicAlreadyExistsError,
+)
 from core_log.log import ReadResult
 
 from .assignor import TopicPartition
@@ -103,12 +108,22 @@ class Coordinator:
         try:
             topic = self.broker.topic(OFFSETS_TOPIC)
         except LogbusError:
-            topic = await self.broker.create_topic(
-                OFFSETS_TOPIC, self.offsets_partitions, configs=OFFSETS_TOPIC_CONFIGS
-            )
+            try:
+                topic = await self.broker.create_topic(
+                    OFFSETS_TOPIC,
+                    self.offsets_partitions,
+                    self.broker.offsets_replication_factor(),
+                    configs=OFFSETS_TOPIC_CONFIGS,
+                )
+            except TopicAlreadyExistsError:  # another broker of the cluster made it first
+                await self.broker.refresh_metadata()
+                topic = self.broker.topic(OFFSETS_TOPIC)
         self.offsets_partitions = topic.partitions
         for p in range(topic.partitions):
-            await self._load(p)
+            if self.broker.leads(OFFSETS_TOPIC, p):
+                # In a cluster, this broker coordinates the groups of the partitions it leads.
+                # TODO(issue 11, next): load/unload on leadership changes (coordinator failover).
+                await self._load(p)
         self._loaded_ms = self.clock.now_ms()
         self.broker.topic_listeners.append(self._topics_changed)
         self._task = asyncio.create_task(self._expiry_loop(), name="group-expiry")

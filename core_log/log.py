@@ -643,6 +643,19 @@ class PartitionLog:
 
     # -- replication support ---------------------------------------------------------------------
 
+    @property
+    def latest_epoch(self) -> int:
+        """The leader epoch of the last batch (or of the last leadership begun here)."""
+        return self.epochs.latest_epoch
+
+    def assign_leader_epoch(self, epoch: int) -> None:
+        """Record that ``epoch`` begins at the log end: a new leader does this before its first
+        append, so a follower's diverging-epoch check sees the epoch even while it is empty."""
+        with self._lock:
+            self._check_open()
+            if self.epochs.assign(epoch, self.log_end_offset):
+                self.epochs.store()
+
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         with self._lock:
             return self.epochs.end_offset_for_epoch(epoch, self.log_end_offset)

@@ -52,7 +52,7 @@ def _configs(t: TopicMeta) -> ConfigsPublic:
 def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
     out = []
     for a in t.assignments:
-        p = broker.partition(t.name, a.partition)
+        p = broker.local_partition(t.name, a.partition)
         out.append(
             PartitionPublic(
                 partition=a.partition,
@@ -60,9 +60,10 @@ def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
                 leader_epoch=a.leader_epoch,
                 replicas=a.replicas,
                 isr=a.isr,
-                log_start_offset=p.log_start_offset,
-                high_watermark=p.high_watermark,
-                log_end_offset=p.log_end_offset,
+                # This broker's replica; -1 where it holds none (ask a replica of the partition).
+                log_start_offset=p.log_start_offset if p else -1,
+                high_watermark=p.high_watermark if p else -1,
+                log_end_offset=p.log_end_offset if p else -1,
             )
         )
     return out

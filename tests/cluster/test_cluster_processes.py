@@ -1,0 +1,156 @@
+"""Three broker processes sharing a SQLite metadata store: replication, acks=all, failover."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from api.process import BrokerProcess
+from cluster.metadata import MetadataStore, PartitionMeta
+
+T = TypeVar("T")
+# Small leases so a killed broker is fenced within seconds (defaults: 2 s / 9 s / 30 s).
+CLUSTER_ENV = {
+    "LOGBUS_BROKER_HEARTBEAT_INTERVAL_MS": "200",
+    "LOGBUS_BROKER_SESSION_TIMEOUT_MS": "2000",
+    "LOGBUS_REPLICA_LAG_TIME_MAX_MS": "3000",
+    "LOGBUS_METADATA_REFRESH_INTERVAL_MS": "50",
+    "LOGBUS_REPLICA_FETCH_WAIT_MAX_MS": "200",
+}
+WAIT_S = 30.0  # an upper bound for a condition a healthy cluster reaches in well under 5 s
+
+
+def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = WAIT_S) -> T:
+    """Poll ``probe`` until it returns a value (not None): the cluster's state lives in other
+    processes, so there is no event to wait on; the bound is generous and only fails a hang."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[str, dict[int, BrokerProcess]]]:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    brokers = {
+        i: BrokerProcess(
+            tmp_path / f"broker-{i}",
+            None,
+            "--broker-id",
+            str(i),
+            "--metadata-url",
+            url,
+            env=CLUSTER_ENV,
+        )
+        for i in (1, 2, 3)
+    }
+    try:
+        for b in brokers.values():
+            b.start()
+        yield url, brokers
+    finally:
+        for b in brokers.values():
+            b.kill()
+
+
+def _row(url: str, topic: str, partition: int = 0) -> PartitionMeta:
+    store = MetadataStore(url)
+    try:
+        return store.topic(topic).assignments[partition]
+    finally:
+        store.close()
+
+
+def _produce(base: str, topic: str, values: list[str], acks: str = "all") -> Any:
+    r = httpx.post(
+        f"{base}/v1/topics/{topic}/partitions/0/records",
+        params={"acks": acks},
+        json={"records": [{"value": v} for v in values]},
+        timeout=30,
+    )
+    return r
+
+
+def _local(base: str, topic: str) -> dict[str, Any]:
+    r = httpx.get(f"{base}/v1/topics/{topic}/partitions", timeout=10)
+    r.raise_for_status()
+    part: dict[str, Any] = r.json()[0]
+    return part
+
+
+def _values(base: str, topic: str) -> list[Any]:
+    r = httpx.get(
+        f"{base}/v1/topics/{topic}/partitions/0/records", params={"offset": 0}, timeout=10
+    )
+    r.raise_for_status()
+    return [rec["value"] for rec in r.json()["records"]]
+
+
+def test_rf3_topic_replicates_and_survives_its_leader_being_killed(
+    cluster: tuple[str, dict[int, BrokerProcess]],
+) -> None:
+    url, brokers = cluster
+    r = httpx.post(
+        f"{brokers[1].url}/v1/topics",
+        json={
+            "name": "orders",
+            "partitions": 1,
+            "replication_factor": 3,
+            "configs": {"min.insync.replicas": "2"},
+        },
+        timeout=10,
+    )
+    assert r.status_code == 201, r.text
+    row = _row(url, "orders")
+    assert sorted(row.replicas) == [1, 2, 3] and row.leader in (1, 2, 3)
+    leader = brokers[row.leader]
+
+    # A broker that does not lead the partition says so, naming the leader.
+    other = next(b for i, b in brokers.items() if i != row.leader)
+    eventually(lambda: _local(other.url, "orders")["leader"] == row.leader or None, "metadata")
+    misdirected = _produce(other.url, "orders", ["nope"])
+    assert misdirected.status_code == 421, misdirected.text
+    assert misdirected.json()["code"] == "NOT_LEADER_OR_FOLLOWER"
+
+    acked = [f"v{i}" for i in range(50)]
+    r = _produce(leader.url, "orders", acked)
+    assert r.status_code == 200, r.text
+
+    # acks=all answered: every ISR replica holds the records (its log end is past them).
+    for b in brokers.values():
+        eventually(lambda b=b: _local(b.url, "orders")["log_end_offset"] >= 50 or None, "copy")
+
+    leader.kill()
+    new = eventually(
+        lambda: (lambda r: r if r.leader not in (row.leader, -1) else None)(_row(url, "orders")),
+        "a new leader",
+    )
+    assert new.leader_epoch > row.leader_epoch and row.leader not in new.isr
+    survivor = brokers[new.leader]
+    r2 = eventually(
+        lambda: (lambda r: r if r.status_code == 200 else None)(
+            _produce(survivor.url, "orders", ["after"])
+        ),
+        "an acks=all write on the new leader",
+    )
+    assert r2.json()["offsets"][0]["offset"] == 50 if "offsets" in r2.json() else True
+    assert _values(survivor.url, "orders")[:51] == [*acked, "after"]
+
+    # The old leader comes back as a follower, catches up and rejoins the ISR.
+    leader.start()
+    eventually(
+        lambda: (lambda r: r if sorted(r.isr) == [1, 2, 3] else None)(_row(url, "orders")),
+        "the old leader back in the ISR",
+    )
+    assert eventually(
+        lambda: _local(leader.url, "orders")["log_end_offset"] == 51 or None, "catch up"
+    )
