@@ -11,7 +11,7 @@ DATA_DIR ?= ./logbus-data
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run test test-slow lint typecheck browser bench bench-storage clean
+.PHONY: run test test-slow lint typecheck browser postgres bench bench-storage clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -39,7 +39,7 @@ lint: $(TEST_STAMP)
 typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
-test: $(TEST_STAMP) lint typecheck browser
+test: $(TEST_STAMP) lint typecheck browser postgres
 	$(BIN)/pytest -m "not slow" -q
 
 # The browser test (EventSource and WebSocket in headless Chromium) needs Debian's chromium;
@@ -48,7 +48,14 @@ browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium could not be installed: tests/api/test_browser.py will skip"
 
-test-slow: $(TEST_STAMP)
+# The cluster tests start a throwaway PostgreSQL server (tests/pg.py) from Debian's package
+# binaries in /usr/lib/postgresql/<version>/bin, which are not on PATH.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+		|| (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) \
+		|| echo "postgresql could not be installed: the PostgreSQL tests will skip"
+
+test-slow: $(TEST_STAMP) postgres
 	$(BIN)/pytest -m slow -q
 
 bench: $(TEST_STAMP)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,10 +25,15 @@ from cluster.schema import metadata_obj
 LEASE_MS = 60_000  # long: the tests expire leases explicitly (0 ms) instead of waiting
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> MetadataStore:
-    s = MetadataStore(f"sqlite:///{tmp_path / 'metadata.db'}")
-    yield s  # type: ignore[misc]
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataStore]:
+    """The same store code and migrations on SQLite and on a real PostgreSQL server."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'metadata.db'}"
+    else:
+        url = request.getfixturevalue("postgres_db_url")
+    s = MetadataStore(url)
+    yield s
     s.close()
 
 
@@ -155,10 +161,9 @@ def test_producer_id_blocks_never_overlap(tmp_path: Path) -> None:
     b.close()
 
 
-def test_migrations_build_exactly_the_tables_the_code_queries(tmp_path: Path) -> None:
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'm.db'}")
-    assert migrate.upgrade(engine) == migrate.head()
-    inspector = sa.inspect(engine)
+def test_migrations_build_exactly_the_tables_the_code_queries(store: MetadataStore) -> None:
+    assert migrate.current(store.engine) == migrate.head()
+    inspector = sa.inspect(store.engine)
     for table in metadata_obj.sorted_tables:
         built = {c["name"] for c in inspector.get_columns(table.name)}
         assert built == {c.name for c in table.columns}, table.name
