@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from cluster.forwarding import ROUTES, direct_route
 from core_log.errors import ErrorCode, LogbusError
 
 from . import guard, records, streams
@@ -78,10 +79,18 @@ class FastPath:
                 return
             if verdict.headers:
                 send = guard.with_headers(send, verdict.headers)
-        if scope["type"] == "http":
-            await self._guarded(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
+        route = _route(scope)
+        if route not in ROUTES:
+            await guard.refuse(scope, send, guard.Verdict(400, _bad_route(route)))
+            return
+        token = direct_route.set(route == "direct")
+        try:
+            if scope["type"] == "http":
+                await self._guarded(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+        finally:
+            direct_route.reset(token)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
@@ -192,10 +201,25 @@ def _answers_at_once(state: AppState, topic: str, partition: int, query: dict[st
         return True
     offset = query.get("offset", "")
     try:
-        hw = state.broker.partition(topic, partition).high_watermark
+        hw = state.broker.reader(topic, partition).high_watermark
     except LogbusError:
         return True  # the fetch answers the error at once
     return offset.isdigit() and len(offset) < 20 and int(offset) < hw
+
+
+def _route(scope: Scope) -> str:
+    """The request's Logbus-Route (``forward`` when absent)."""
+    if scope["type"] not in ("http", "websocket"):
+        return "forward"
+    raw = next((v for k, v in scope["headers"] if k == b"logbus-route"), None)
+    return "forward" if raw is None else raw.decode("latin-1").strip().lower()
+
+
+def _bad_route(route: str) -> LogbusError:
+    return LogbusError(
+        f"Logbus-Route must be one of {', '.join(ROUTES)}; got {route[:64]!r}",
+        code=ErrorCode.INVALID_REQUEST,
+    )
 
 
 def _wants_sse(scope: Scope) -> bool:

@@ -115,7 +115,7 @@ async def produce(
     producer = producer_session(headers)
     meta = broker.topic(topic)  # 404 before reading the body
     if partition is not None:
-        broker.partition(topic, partition)
+        broker.check_partition(topic, partition)
     if (key := headers.get("idempotency-key")) is not None:
         if producer is not None:
             raise bad_request("send either an Idempotency-Key or a producer session, not both")
@@ -411,7 +411,7 @@ def _route(
                 raise bad_request(f"records[{i}].partition differs from the path's partition")
             p = partition
         elif explicit is not None:
-            broker.partition(topic, explicit)
+            broker.check_partition(topic, explicit)
             p = explicit
         else:
             p = broker.partition_for(topic, record.key, sticky)
@@ -569,7 +569,7 @@ async def fetch(
     # small answer neither reads nor decodes max_bytes (and stays off the thread pool).
     step = max_bytes if kind == BATCH else min(max_bytes, FIRST_JSON_READ_BYTES)
     while True:
-        p = broker.partition(topic, partition)  # again after a wait: it may have been deleted
+        p = broker.reader(topic, partition)  # again after a wait: it may have been deleted
         result = await p.read(offset, step)
         while (
             step < max_bytes

@@ -274,7 +274,7 @@ async def partition_sse(
     yield, so they are answered as errors — an EventSource stops on those, where it would
     reconnect to a stream that merely ended."""
     check_readable(topic)
-    p = broker.partition(topic, partition)
+    p = await broker.synced_reader(topic, partition)
     if not p.log_start_offset <= offset <= p.high_watermark:
         raise OffsetOutOfRangeError(offset, p.log_start_offset, p.high_watermark)
     # The first read is answered before the stream starts: a record no reader can serve at
@@ -292,7 +292,7 @@ async def partition_sse(
                 await budget.wait_reserve(held)
                 reserved = True
                 try:
-                    p = broker.partition(topic, partition)
+                    p = broker.reader(topic, partition)
                     if p.released:
                         return
                     step = await _sse_step(p, offset, max_records, max_bytes)

@@ -226,7 +226,7 @@ class Session:
         self, topic: str, partition: int, offset: int | None, ts: int | None, start: str | None
     ) -> int:
         check_readable(topic)
-        p = self.broker.partition(topic, partition)
+        p = await self.broker.synced_reader(topic, partition)
         if offset is not None:
             if not p.log_start_offset <= offset <= p.high_watermark:
                 raise LogbusError(
@@ -372,7 +372,7 @@ class Session:
                     if tp in self.blocked:
                         continue  # waits for credit (stalled) or for good (failed)
                     try:
-                        p = self.broker.partition(*tp)
+                        p = await self.broker.known_reader(*tp)
                         waits.append(p.wait_for(self._position(tp), timeout))
                     except LogbusError as e:
                         await self._source_failed(tp, e)
@@ -403,8 +403,9 @@ class Session:
             if self.credit.bytes is not None:
                 budget = max(1, min(budget, self.credit.bytes))
             try:
+                p = await self.broker.known_reader(*tp)
                 pos = self._position(tp)
-                if pos >= self.broker.partition(*tp).high_watermark:
+                if pos >= p.high_watermark:
                     continue
             except LogbusError as e:
                 await self._source_failed(tp, e)
@@ -416,7 +417,7 @@ class Session:
     async def _push_partition(self, tp: TopicPartition, pos: int, budget: int) -> int:
         """Read ``budget`` bytes of ``tp`` from ``pos`` and send what the credit allows."""
         try:
-            result = await self.broker.partition(*tp).read(pos, budget)
+            result = await self.broker.reader(*tp).read(pos, budget)
         except LogbusError as e:
             await self._source_failed(tp, e)
             return 0

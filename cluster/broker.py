@@ -44,6 +44,17 @@ from core_log.log import AppendResult
 from core_log.manager import LogManager, Partition, validate_topic_name
 
 from .controller import Controller, assign_replicas, live_placement
+from .forwarding import (
+    PATHS as FORWARDED_PATHS,
+)
+from .forwarding import (
+    FollowerPartition,
+    Forwarder,
+    PartitionReader,
+    PartitionService,
+    direct_route,
+    synced,
+)
 from .metadata import BrokerMeta, MetadataStore, PartitionMeta, TopicMeta
 from .partitioner import StickyPartitioner, partition_for_key
 from .replica_manager import ReplicaManager, ReplicationConfig
@@ -132,6 +143,7 @@ class Broker:
             auto_high_watermark=not config.clustered,
         )
         self.replicas: ReplicaManager | None = None
+        self.forwarder: Forwarder | None = None
         self.controller: Controller | None = None
         self._controller_task: asyncio.Task[None] | None = None
         self.sticky = StickyPartitioner()
@@ -177,6 +189,10 @@ class Broker:
         await self.logs.start()
         self.replicas = ReplicaManager(rcfg, self.logs, self.store, self.clock, self.log_config)
         self.replicas.on_topics.append(self._set_topics)
+        service = PartitionService(self.replicas)
+        for path in FORWARDED_PATHS:
+            self.replicas.handlers[path] = service.handle
+        self.forwarder = Forwarder(self.replicas, service)
         port = await self.replicas.start_listener(cfg.host, cfg.replication_port)
         me = BrokerMeta(cfg.broker_id, cfg.host, cfg.port, cfg.rack, cfg.advertised_url or "", port)
         self.broker_epoch = await asyncio.to_thread(
@@ -484,14 +500,49 @@ class Broker:
     # -- records ---------------------------------------------------------------------------------
 
     def partition(self, topic: str, partition: int) -> Partition:
+        """The partition as this broker leads it (NotLeaderError, 421, where it does not): for
+        the broker's own writers and readers. Clients read through :meth:`reader`."""
+        self.check_partition(topic, partition)
+        if self.replicas is not None:
+            return self.replicas.leader_of(topic, partition).partition
+        return self.logs.get(topic, partition)
+
+    def check_partition(self, topic: str, partition: int) -> None:
         meta = self.topic(topic)
         if not 0 <= partition < meta.partitions:
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has no partition {partition}", topic=topic, partition=partition
             )
-        if self.replicas is not None:
+
+    def reader(self, topic: str, partition: int, *, direct: bool | None = None) -> PartitionReader:
+        """What a client reads a partition through: the local log where this broker leads it;
+        else (unless ``direct``: 421 naming the leader) the local replica up to its high
+        watermark and the leader for the rest, or the leader alone where no replica is here.
+        No I/O: a remote reader's properties are those of its last answer (see :func:`synced`).
+        ``direct`` defaults to the request's ``Logbus-Route`` (:data:`direct_route`).
+        """
+        self.check_partition(topic, partition)
+        direct = direct_route.get() if direct is None else direct
+        if self.replicas is None or self.forwarder is None:
+            return self.logs.get(topic, partition)
+        leading = self.replicas.leading.get((topic, partition))
+        if direct or (leading is not None and leading.active):
             return self.replicas.leader_of(topic, partition).partition
-        return self.logs.get(topic, partition)
+        remote = self.forwarder.remote(topic, partition)
+        local = self.replicas.follows(topic, partition)
+        return FollowerPartition(local, remote) if local is not None else remote
+
+    async def synced_reader(
+        self, topic: str, partition: int, *, direct: bool | None = None
+    ) -> PartitionReader:
+        """:meth:`reader` with its offsets fresh, for a caller that checks an offset."""
+        return await synced(self.reader(topic, partition, direct=direct))
+
+    async def known_reader(self, topic: str, partition: int) -> PartitionReader:
+        """:meth:`reader`, synced only if its offsets were never seen (a loop that reads it
+        keeps them fresh)."""
+        reader = self.reader(topic, partition)
+        return reader if reader.high_watermark >= 0 else await synced(reader)
 
     def leads(self, topic: str, partition: int) -> bool:
         """Whether this broker leads the partition now (always, for a single broker)."""
@@ -533,15 +584,21 @@ class Broker:
         acks: Acks,
         *,
         internal: bool = False,
+        direct: bool | None = None,
     ) -> AppendResult:
         """Append batches; clients may not write to internal topics (``internal`` is for the
-        broker's own writers)."""
+        broker's own writers). In a cluster, a partition led elsewhere is forwarded to its
+        leader, or refused with 421 naming it when the client routes itself (``direct``)."""
         if not internal:
             _check_not_internal(topic)
-        if self.replicas is not None:
-            self.partition(topic, partition)  # unknown partition: 404 before anything else
+        if self.replicas is not None and self.forwarder is not None:
+            self.check_partition(topic, partition)  # unknown partition: 404 before anything
             self._check_not_fenced(data)
-            return await self.replicas.append(topic, partition, data, wait_for_isr=acks is Acks.ALL)
+            if (direct_route.get() if direct is None else direct) or self.leads(topic, partition):
+                return await self.replicas.append(
+                    topic, partition, data, wait_for_isr=acks is Acks.ALL
+                )
+            return await self.forwarder.append(topic, partition, data, acks_all=acks is Acks.ALL)
         p = self.partition(topic, partition)
         self._check_not_fenced(data)
         return await p.append(data, leader_epoch=0, durable=acks is Acks.ALL)

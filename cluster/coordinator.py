@@ -368,7 +368,7 @@ class Coordinator:
                 code=ErrorCode.INVALID_REQUEST,
             )
         for (topic, partition), (offset, metadata) in offsets.items():
-            self.broker.partition(topic, partition)  # raises for an unknown partition
+            self.broker.check_partition(topic, partition)  # raises for an unknown partition
             if offset < 0:
                 raise LogbusError("offsets must be >= 0", code=ErrorCode.INVALID_REQUEST)
             if len(metadata) > MAX_METADATA_CHARS:
@@ -402,8 +402,8 @@ class Coordinator:
         for tp, (offset, _) in offsets.items():
             pos = member.positions.get(tp)
             if tp in member.owned and pos is not None and pos < offset:
-                p = self.broker.partition(*tp)
-                member.positions[tp] = min(offset, p.high_watermark)
+                hw = self.broker.reader(*tp).high_watermark  # -1: not known here yet
+                member.positions[tp] = min(offset, hw) if hw >= 0 else offset
 
     async def _write(
         self, group_id: str, offsets: dict[TopicPartition, CommittedOffset | None]
@@ -474,7 +474,7 @@ class Coordinator:
         pos = member.positions.get(tp)
         if pos is not None:
             return pos
-        p = self.broker.partition(*tp)
+        p = self.broker.reader(*tp)
         committed = self._offsets.get(group_id, {}).get(tp)
         if committed is not None and p.log_start_offset <= committed.offset <= p.high_watermark:
             pos = committed.offset
@@ -516,7 +516,7 @@ class Coordinator:
                 return reconciled, fetched
             waits: list[Any] = [event.wait()]
             for tp in reconciled.assigned:
-                p = self.broker.partition(*tp)
+                p = self.broker.reader(*tp)
                 waits.append(p.wait_for(member.positions.get(tp, p.high_watermark), remaining))
             await first_of(waits, remaining)
 
@@ -532,8 +532,8 @@ class Coordinator:
         for tp in tps[cursor:] + tps[:cursor]:
             if budget <= 0:
                 break
+            p = await self.broker.known_reader(*tp)
             pos = self.position(group_id, member, tp)
-            p = self.broker.partition(*tp)
             if pos >= p.high_watermark:
                 continue
             try:
@@ -559,9 +559,11 @@ class Coordinator:
         offsets = []
         for tp in sorted(set(committed) | set(owners)):
             try:
-                hw: int | None = self.broker.partition(*tp).high_watermark
+                hw: int | None = self.broker.reader(*tp).high_watermark
             except LogbusError:
                 hw = None  # the topic is gone
+            if hw is not None and hw < 0:
+                hw = None  # led by another broker and not read through this one yet
             c = committed.get(tp)
             offsets.append(
                 {

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from core_log.log import AppendResult
 from core_log.manager import LogManager, Partition
 
 from . import replica_wire as wire
+from .h2base import DEFAULT_LIMITS, Handler
 from .h2transport import H2Client, H2Request, H2Response, H2Server
 from .metadata import BrokerMeta, ConcurrentUpdateError, MetadataStore, PartitionMeta, TopicMeta
 from .replication import (
@@ -77,6 +79,9 @@ class ReplicationConfig:
     socket_timeout_ms: int = 30_000
     metadata_refresh_interval_ms: int = 200
     request_timeout_ms: int = 30_000
+    # A forwarded produce carries one partition's batches of a request (≤ max_request_bytes,
+    # 64 MiB) and a small header.
+    forward_max_bytes: int = 65 * 1024 * 1024
 
 
 class NotLeaderError(LogbusError):
@@ -139,6 +144,8 @@ class ReplicaManager:
         self._last_heartbeat_ms = clock.monotonic_ms()
         self._apply_lock = asyncio.Lock()
         self.server: H2Server | None = None
+        # Paths of the h2c listener: replica fetches, and what cluster.forwarding mounts.
+        self.handlers: dict[str, Handler] = {wire.PATH: self.serve_fetch}
         self.metadata_applied = asyncio.Event()  # set after every apply (tests wait on it)
         self.on_topics: list[Callable[[list[TopicMeta]], None]] = []  # before roles change
         self.on_topics_changed: list[Callable[[], None]] = []
@@ -146,7 +153,10 @@ class ReplicaManager:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start_listener(self, host: str, port: int) -> int:
-        self.server = H2Server(self.serve_fetch, host=host, port=port)
+        limits = dataclasses.replace(
+            DEFAULT_LIMITS, max_request_body_bytes=self.config.forward_max_bytes
+        )
+        self.server = H2Server(self._serve, host=host, port=port, limits=limits)
         await self.server.start()
         return self.server.port
 
@@ -173,10 +183,10 @@ class ReplicaManager:
 
     # -- metadata --------------------------------------------------------------------------------
 
-    async def refresh(self) -> None:
-        """Read the store now and apply what changed."""
+    async def refresh(self, *, force: bool = False) -> None:
+        """Read the store now and apply what changed (everything with ``force``)."""
         version = await asyncio.to_thread(self.store.metadata_version)
-        if version == self.metadata_version:
+        if version == self.metadata_version and not force:
             return
         topics, brokers = await asyncio.gather(
             asyncio.to_thread(self.store.topics), asyncio.to_thread(self.store.brokers)
@@ -303,6 +313,16 @@ class ReplicaManager:
             leader_url=b.base_url if b is not None else None,
         )
 
+    def leader_id(self, topic: str, partition: int) -> int:
+        """The partition's leader as this broker last read it (NO_LEADER if none)."""
+        row = self.rows.get((topic, partition))
+        return row.leader if row is not None else NO_LEADER
+
+    def follows(self, topic: str, partition: int) -> Partition | None:
+        """This broker's replica of a partition it follows now (None otherwise)."""
+        following = self.following.get((topic, partition))
+        return following.partition if following is not None else None
+
     async def append(
         self, topic: str, partition: int, data: bytes | memoryview, *, wait_for_isr: bool
     ) -> AppendResult:
@@ -368,9 +388,13 @@ class ReplicaManager:
 
     # -- leader: serving follower fetches -------------------------------------------------------
 
-    async def serve_fetch(self, request: H2Request) -> H2Response:
-        if request.method != "POST" or request.path != wire.PATH:
+    async def _serve(self, request: H2Request) -> H2Response:
+        handler = self.handlers.get(request.path)
+        if request.method != "POST" or handler is None:
             return H2Response(404, [], b"")
+        return await handler(request)
+
+    async def serve_fetch(self, request: H2Request) -> H2Response:
         try:
             req = wire.decode_request(request.body)
         except wire.ReplicaWireError as e:
@@ -559,6 +583,10 @@ class ReplicaManager:
             self._fetchers[leader] = asyncio.create_task(
                 self._fetch_from(leader), name=f"logbus-fetcher-{leader}"
             )
+
+    def client_for(self, leader: int) -> H2Client | None:
+        """The h2c connection to a broker (shared by fetchers and forwarded requests)."""
+        return self._client(leader)
 
     def _client(self, leader: int) -> H2Client | None:
         b = self.brokers.get(leader)

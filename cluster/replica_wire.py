@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -91,11 +92,32 @@ def decode_request(body: bytes) -> ReplicaFetchRequest:
         raise ReplicaWireError(f"malformed replica fetch request: {e}") from e
 
 
+def frame(header: dict[str, Any], payload: bytes | memoryview = b"") -> bytes:
+    """A 4-byte big-endian length, a JSON header, then ``payload`` as it is."""
+    raw = orjson.dumps(header)
+    return b"".join((_LENGTH.pack(len(raw)), raw, payload))
+
+
+def unframe(body: bytes) -> tuple[dict[str, Any], memoryview]:
+    """The JSON header of :func:`frame` and a view of the bytes after it."""
+    view = memoryview(body)
+    try:
+        (n,) = _LENGTH.unpack_from(view, 0)
+        if n > MAX_HEADER_BYTES or 4 + n > len(view):
+            raise ReplicaWireError(f"header of {n} bytes in a body of {len(view)}")
+        header = orjson.loads(view[4 : 4 + n])
+    except (struct.error, orjson.JSONDecodeError) as e:
+        raise ReplicaWireError(f"malformed framed body: {e}") from e
+    if not isinstance(header, dict):
+        raise ReplicaWireError("the header of a framed body must be a JSON object")
+    return header, view[4 + n :]
+
+
 def encode_answer(
     answers: list[tuple[TopicPartition, PartitionFetchAnswer]],
 ) -> bytes:
     """The header part of an answer; the caller sends the batches after it, in order."""
-    header = orjson.dumps(
+    return frame(
         {
             "partitions": [
                 [
@@ -113,31 +135,26 @@ def encode_answer(
             ]
         }
     )
-    return _LENGTH.pack(len(header)) + header
 
 
 def decode_answer(
     body: bytes,
 ) -> list[tuple[TopicPartition, PartitionFetchAnswer, memoryview]]:
     """(partition, answer, its raw batches) for every partition of an answer."""
-    view = memoryview(body)
+    header, rest = unframe(body)
     try:
-        (n,) = _LENGTH.unpack_from(view, 0)
-        if n > MAX_HEADER_BYTES or 4 + n > len(view):
-            raise ReplicaWireError(f"replica fetch answer header of {n} bytes")
-        header = orjson.loads(view[4 : 4 + n])
         out = []
-        pos = 4 + n
+        pos = 0
         for t, p, err, hw, lso, leo, de, deo, size in header["partitions"]:
-            if size < 0 or pos + size > len(view):
+            if size < 0 or pos + size > len(rest):
                 raise ReplicaWireError("replica fetch answer shorter than its header says")
             answer = PartitionFetchAnswer(
                 FetchError(err) if err is not None else None, hw, lso, leo, de, deo, size
             )
-            out.append(((str(t), int(p)), answer, view[pos : pos + size]))
+            out.append(((str(t), int(p)), answer, rest[pos : pos + size]))
             pos += size
         return out
-    except (struct.error, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, ReplicaWireError):
             raise
         raise ReplicaWireError(f"malformed replica fetch answer: {e}") from e

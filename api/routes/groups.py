@@ -211,7 +211,7 @@ async def _reset_targets(state: Any, group: str, body: OffsetReset) -> dict[Topi
             raise bad_request("to=offsets needs offsets")
         out = {}
         for o in body.offsets:
-            p = broker.partition(o.topic, o.partition)
+            p = await broker.synced_reader(o.topic, o.partition)
             if not p.log_start_offset <= o.offset <= p.high_watermark:
                 raise LogbusError(
                     f"offset {o.offset} of {o.topic}[{o.partition}] is outside "
@@ -231,7 +231,7 @@ async def _reset_targets(state: Any, group: str, body: OffsetReset) -> dict[Topi
     out = {}
     for topic in topics:
         for partition in range(broker.topic(topic).partitions):
-            p = broker.partition(topic, partition)
+            p = await broker.synced_reader(topic, partition)
             if body.to == "earliest":
                 out[(topic, partition)] = p.log_start_offset
             elif body.to == "latest":

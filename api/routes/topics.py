@@ -158,7 +158,7 @@ async def get_offset(
         ),
     ] = "latest",
 ) -> OffsetPublic:
-    p = broker.partition(topic, partition)
+    p = await broker.synced_reader(topic, partition)
     offset: int | None
     # Kafka's ListOffsets sentinels: -1 is the latest offset, -2 the earliest.
     if at in ("earliest", str(EARLIEST_TIMESTAMP)):

@@ -1,0 +1,412 @@
+"""Requests for partitions led elsewhere: forwarded to the leader over the brokers' h2c link.
+
+A client may send any request to any broker (curl behind a load balancer). The broker that
+receives a produce or a read for a partition it does not lead passes it on to the leader over
+the same HTTP/2 connection its replica fetchers use, so clients see one cluster; a client that
+routes itself sends ``Logbus-Route: direct`` and gets 421 ``NOT_LEADER_OR_FOLLOWER`` naming the
+leader instead (:meth:`ReplicaManager.leader_of`).
+
+Theory of operation
+-------------------
+* **Wire.** Three internal paths on the replication listener, each a 4-byte length, a JSON
+  header and raw bytes (:func:`cluster.replica_wire.frame`): ``/partition/produce`` (header:
+  topic, partition, acks; then the record batches as the client's broker built them, byte for
+  byte), ``/partition/read`` (offset, max bytes, an optional long-poll: the answer carries the
+  batches and the leader's high watermark, log start and log end), and
+  ``/partition/offset-for-timestamp``. Errors travel as their code, message and detail and are
+  raised again on the forwarding broker, so the client gets the leader's answer.
+* **Produce.** Batches keep their producer id and sequence, so the leader deduplicates an
+  idempotent producer's retry as if the client had sent it directly. A forward that fails
+  before the leader appended (the leader moved: ``NOT_LEADER_OR_FOLLOWER`` from the leadership
+  check) is retried against the leader named by fresh metadata, at most
+  :data:`FORWARD_ATTEMPTS` times; a forward that fails on the network may or may not have
+  been written, so it is answered ``NETWORK_EXCEPTION`` (retriable) and never retried blindly.
+* **Reads.** A broker with no replica reads through :class:`RemotePartition`, which has the
+  :class:`core_log.manager.Partition` read API and keeps the state the last answer carried. A
+  follower serves what is below its own high watermark from its replica (those batches are
+  committed and byte-identical to the leader's) and asks the leader only for the rest and for
+  long-polls (:class:`FollowerPartition`), so reads spread over the replicas and a client still
+  reads its own acknowledged writes at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from contextvars import ContextVar
+from typing import Any, Protocol
+
+from core_log.errors import ErrorCode, LogbusError, OffsetOutOfRangeError
+from core_log.log import AppendResult, ReadResult
+
+from . import replica_wire as wire
+from .h2transport import H2Request, H2Response, H2TransportError
+from .replica_manager import NotLeaderError, ReplicaManager
+from .replication import NO_LEADER
+
+PRODUCE_PATH = "/partition/produce"
+READ_PATH = "/partition/read"
+TIMESTAMP_PATH = "/partition/offset-for-timestamp"
+PATHS = (PRODUCE_PATH, READ_PATH, TIMESTAMP_PATH)
+CONTENT_TYPE = "application/vnd.logbus.partition"
+# A forward the leader refused because it no longer leads is retried against the leader named
+# by fresh metadata; three attempts ride out one election without looping on a stale store.
+FORWARD_ATTEMPTS = 3
+# A long-poll forwarded to the leader waits at most this long per round trip; the caller loops
+# for longer waits. It bounds how long a request outlives a leader change.
+READ_WAIT_MAX_MS = 5_000
+# The client's ``Logbus-Route``: ``direct`` (True) asks for 421 instead of forwarding. The API
+# sets it per request; the broker reads it where a partition is reached.
+direct_route: ContextVar[bool] = ContextVar("logbus_direct_route", default=False)
+ROUTES = ("forward", "direct")
+# Header fields of a forwarded read's answer.
+_STATE = ("high_watermark", "log_start_offset", "log_end_offset")
+
+
+class PartitionReader(Protocol):
+    """What routes read a partition through: a local replica or a remote leader."""
+
+    topic: str
+    partition: int
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    @property
+    def log_start_offset(self) -> int: ...
+
+    @property
+    def log_end_offset(self) -> int: ...
+
+    @property
+    def released(self) -> bool: ...
+
+    async def read(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+    ) -> ReadResult: ...
+
+    async def wait_for(self, offset: int, timeout_s: float) -> bool: ...
+
+    async def offset_for_timestamp(self, timestamp: int) -> int | None: ...
+
+
+# -- errors on the wire -------------------------------------------------------------------------
+
+
+def encode_error(e: LogbusError, *, retry_safe: bool = False) -> H2Response:
+    """An error answer; ``retry_safe``: nothing was written, another leader may be asked."""
+    header = {
+        "error": {
+            "code": e.code.name,
+            "message": e.message,
+            "detail": e.detail,
+            "status": e.http_status,
+            "retriable": e.retriable,
+        },
+        "retry_safe": retry_safe,
+    }
+    return H2Response(200, [("content-type", CONTENT_TYPE)], wire.frame(header))
+
+
+def decode_error(d: dict[str, Any]) -> LogbusError:
+    code = ErrorCode[d["code"]]
+    detail = dict(d.get("detail") or {})
+    e: LogbusError
+    if code is ErrorCode.OFFSET_OUT_OF_RANGE and {"offset", "log_start_offset"} <= detail.keys():
+        e = OffsetOutOfRangeError(
+            int(detail["offset"]), int(detail["log_start_offset"]), int(detail["log_end_offset"])
+        )
+    else:
+        e = LogbusError(str(d["message"]), code=code, **detail)
+    if d.get("status") != e.http_status:
+        e.http_status_override = int(d["status"])
+    if d.get("retriable") != e.retriable:
+        e.retriable_override = bool(d["retriable"])
+    return e
+
+
+def _unavailable(topic: str, partition: int) -> LogbusError:
+    return LogbusError(
+        f"{topic}-{partition} has no leader now (an election is under way): retry",
+        code=ErrorCode.LEADER_NOT_AVAILABLE,
+    )
+
+
+# -- the leader's side ---------------------------------------------------------------------------
+
+
+class PartitionService:
+    """Answers forwarded produces and reads as the leader (mounted on the h2c listener)."""
+
+    def __init__(self, replicas: ReplicaManager) -> None:
+        self.replicas = replicas
+
+    async def handle(self, request: H2Request) -> H2Response:
+        try:
+            header, payload = wire.unframe(request.body)
+            answer, data = await self.answer(request.path, header, payload)
+        except (wire.ReplicaWireError, KeyError, TypeError, ValueError) as e:
+            return H2Response(400, [], f"malformed partition request: {e}".encode())
+        except LogbusError as e:
+            # Not leading (checked before any write): the forwarder may ask the new leader.
+            return encode_error(e, retry_safe=isinstance(e, NotLeaderError))
+        return H2Response(200, [("content-type", CONTENT_TYPE)], [wire.frame(answer), data])
+
+    async def answer(
+        self, path: str, header: dict[str, Any], payload: memoryview
+    ) -> tuple[dict[str, Any], bytes]:
+        """The answer to one request (also called in-process when the leader is here)."""
+        topic, partition = str(header["topic"]), int(header["partition"])
+        if path == PRODUCE_PATH:
+            return await self._produce(topic, partition, header, payload), b""
+        if path == READ_PATH:
+            return await self._read(topic, partition, header)
+        if path == TIMESTAMP_PATH:
+            return await self._offset_for_timestamp(topic, partition, header), b""
+        raise ValueError(f"no such path {path!r}")
+
+    async def _produce(
+        self, topic: str, partition: int, header: dict[str, Any], payload: memoryview
+    ) -> dict[str, Any]:
+        result = await self.replicas.append(
+            topic, partition, payload, wait_for_isr=bool(header["acks_all"])
+        )
+        return {"result": dataclasses.asdict(result)}
+
+    async def _read(
+        self, topic: str, partition: int, header: dict[str, Any]
+    ) -> tuple[dict[str, Any], bytes]:
+        part = self.replicas.leader_of(topic, partition).partition
+        wait_ms = min(max(0, int(header.get("wait_ms", 0))), READ_WAIT_MAX_MS)
+        wait_offset = header.get("wait_offset")
+        if wait_ms and wait_offset is not None:
+            await part.wait_for(int(wait_offset), wait_ms / 1000)
+            part = self.replicas.leader_of(topic, partition).partition  # still leading?
+        state = {k: getattr(part, k) for k in _STATE}
+        max_bytes = int(header.get("max_bytes", 0))
+        if max_bytes <= 0:
+            return {"state": state}, b""
+        max_offset = header.get("max_offset")
+        result = await part.read(
+            int(header["offset"]),
+            max_bytes,
+            max_offset=None if max_offset is None else min(int(max_offset), part.high_watermark),
+        )
+        fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+        fields.pop("data")
+        return {"state": state, "read": fields}, result.data
+
+    async def _offset_for_timestamp(
+        self, topic: str, partition: int, header: dict[str, Any]
+    ) -> dict[str, Any]:
+        part = self.replicas.leader_of(topic, partition).partition
+        found = await part.offset_for_timestamp(int(header["timestamp"]))
+        state = {k: getattr(part, k) for k in _STATE}
+        return {"state": state, "offset": found}
+
+
+# -- the forwarding side -------------------------------------------------------------------------
+
+
+class Forwarder:
+    """Sends requests for partitions led elsewhere to their leader."""
+
+    def __init__(self, replicas: ReplicaManager, service: PartitionService) -> None:
+        self.replicas = replicas
+        self.service = service
+        self._remotes: dict[tuple[str, int], RemotePartition] = {}
+
+    async def call(
+        self, topic: str, partition: int, path: str, header: dict[str, Any], payload: bytes = b""
+    ) -> tuple[dict[str, Any], bytes | memoryview]:
+        """One request to the partition's leader; a refusal from a broker that no longer
+        leads is retried on the leader fresh metadata names."""
+        rm = self.replicas
+        header = {"topic": topic, "partition": partition, **header}
+        body = wire.frame(header, payload)
+        timeout_s = (rm.config.request_timeout_ms + rm.config.socket_timeout_ms) / 1000
+        error: LogbusError = _unavailable(topic, partition)
+        for attempt in range(FORWARD_ATTEMPTS):
+            if attempt:
+                await rm.refresh(force=True)
+            leader = rm.leader_id(topic, partition)
+            if leader == rm.me:  # leadership moved here meanwhile
+                try:
+                    return await self.service.answer(path, header, memoryview(payload))
+                except NotLeaderError as e:
+                    error = e
+                    continue
+            client = rm.client_for(leader) if leader != NO_LEADER else None
+            if client is None:
+                error = _unavailable(topic, partition)
+                continue
+            try:
+                response = await client.request(
+                    "POST",
+                    path,
+                    headers=[("content-type", CONTENT_TYPE)],
+                    body=body,
+                    timeout_s=timeout_s,
+                )
+            except (H2TransportError, OSError, TimeoutError) as e:
+                raise LogbusError(
+                    f"could not reach broker {leader}, the leader of {topic}-{partition}: "
+                    f"{e or type(e).__name__}; a produce may or may not have been written "
+                    "(an idempotent producer's retry is safe)",
+                    code=ErrorCode.NETWORK_EXCEPTION,
+                ) from e
+            if response.status != 200:
+                raise LogbusError(
+                    f"broker {leader} answered a forwarded request {response.status}",
+                    code=ErrorCode.NETWORK_EXCEPTION,
+                )
+            raw = response.body if isinstance(response.body, bytes) else b"".join(response.body)
+            try:
+                answer, data = wire.unframe(raw)
+            except wire.ReplicaWireError as e:
+                raise LogbusError(str(e), code=ErrorCode.NETWORK_EXCEPTION) from e
+            if "error" not in answer:
+                return answer, data
+            error = decode_error(answer["error"])
+            if not answer.get("retry_safe"):
+                raise error
+        raise error
+
+    async def append(
+        self, topic: str, partition: int, data: bytes | memoryview, *, acks_all: bool
+    ) -> AppendResult:
+        answer, _ = await self.call(
+            topic, partition, PRODUCE_PATH, {"acks_all": acks_all}, bytes(data)
+        )
+        return AppendResult(**answer["result"])
+
+    def remote(self, topic: str, partition: int) -> RemotePartition:
+        """The one reader of a partition led elsewhere (it keeps the last state seen)."""
+        tp = (topic, partition)
+        r = self._remotes.get(tp)
+        if r is None:
+            if len(self._remotes) >= MAX_REMOTE_READERS:
+                self._remotes.clear()  # a cache: readers in use keep working
+            r = self._remotes[tp] = RemotePartition(self, topic, partition)
+        return r
+
+    def forget(self, topic: str, partition: int) -> None:
+        r = self._remotes.pop((topic, partition), None)
+        if r is not None:
+            r.released = True
+
+
+# Remote readers cached (one per partition read through this broker); past it the cache starts
+# over rather than grow with every partition of a large cluster.
+MAX_REMOTE_READERS = 10_000
+
+
+class RemotePartition:
+    """A partition read from its leader on another broker, with the Partition read API.
+
+    The properties give the state the last answer carried (``-1`` before the first):
+    :meth:`sync` refreshes them for a caller that checks an offset against them.
+    """
+
+    def __init__(self, forwarder: Forwarder, topic: str, partition: int) -> None:
+        self.forwarder = forwarder
+        self.topic = topic
+        self.partition = partition
+        self.high_watermark = -1
+        self.log_start_offset = -1
+        self.log_end_offset = -1
+        self.released = False
+
+    def _keep(self, state: dict[str, Any]) -> None:
+        self.high_watermark = int(state["high_watermark"])
+        self.log_start_offset = int(state["log_start_offset"])
+        self.log_end_offset = int(state["log_end_offset"])
+
+    async def sync(self) -> None:
+        answer, _ = await self.forwarder.call(self.topic, self.partition, READ_PATH, {})
+        self._keep(answer["state"])
+
+    async def read(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+    ) -> ReadResult:
+        header = {"offset": offset, "max_bytes": max_bytes, "max_offset": max_offset}
+        answer, data = await self.forwarder.call(self.topic, self.partition, READ_PATH, header)
+        self._keep(answer["state"])
+        return ReadResult(data=bytes(data), **answer["read"])
+
+    async def wait_for(self, offset: int, timeout_s: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.high_watermark <= offset and not self.released:
+            remaining_ms = int((deadline - loop.time()) * 1000)
+            if remaining_ms <= 0:
+                return False
+            header = {"wait_offset": offset, "wait_ms": min(remaining_ms, READ_WAIT_MAX_MS)}
+            answer, _ = await self.forwarder.call(self.topic, self.partition, READ_PATH, header)
+            self._keep(answer["state"])
+        return self.high_watermark > offset
+
+    async def offset_for_timestamp(self, timestamp: int) -> int | None:
+        answer, _ = await self.forwarder.call(
+            self.topic, self.partition, TIMESTAMP_PATH, {"timestamp": timestamp}
+        )
+        self._keep(answer["state"])
+        found = answer["offset"]
+        return None if found is None else int(found)
+
+
+class FollowerPartition:
+    """A partition this broker follows: committed batches from the local replica, the rest
+    and long-polls from the leader."""
+
+    def __init__(self, local: PartitionReader, remote: RemotePartition) -> None:
+        self.local = local
+        self.remote = remote
+        self.topic = local.topic
+        self.partition = local.partition
+
+    @property
+    def high_watermark(self) -> int:
+        return max(self.local.high_watermark, self.remote.high_watermark)
+
+    @property
+    def log_start_offset(self) -> int:
+        if self.remote.log_start_offset < 0:
+            return self.local.log_start_offset
+        return max(self.local.log_start_offset, self.remote.log_start_offset)
+
+    @property
+    def log_end_offset(self) -> int:
+        return max(self.local.log_end_offset, self.remote.log_end_offset)
+
+    @property
+    def released(self) -> bool:
+        return self.local.released or self.remote.released
+
+    async def sync(self) -> None:
+        await self.remote.sync()
+
+    async def read(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+    ) -> ReadResult:
+        local_hw = self.local.high_watermark
+        if self.local.log_start_offset <= offset < local_hw and max_offset is None:
+            result = await self.local.read(offset, max_bytes)
+            # The leader's high watermark, when known, is the truth a reader should see.
+            return dataclasses.replace(result, high_watermark=self.high_watermark)
+        return await self.remote.read(offset, max_bytes, max_offset=max_offset)
+
+    async def wait_for(self, offset: int, timeout_s: float) -> bool:
+        if self.high_watermark > offset:
+            return True
+        return await self.remote.wait_for(offset, timeout_s)
+
+    async def offset_for_timestamp(self, timestamp: int) -> int | None:
+        return await self.remote.offset_for_timestamp(timestamp)
+
+
+async def synced(reader: PartitionReader) -> PartitionReader:
+    """``reader`` with its state fresh (a round trip to the leader when it is remote)."""
+    if isinstance(reader, RemotePartition | FollowerPartition):
+        await reader.sync()
+    return reader
