@@ -181,6 +181,23 @@ class BrokerPublic(BaseModel):
     host: str
     port: int
     rack: str | None
+    url: str = Field(description="where clients reach it (its advertised URL)")
+    alive: bool = Field(description="its lease is live: it heartbeats within the session timeout")
+    broker_epoch: int = Field(description="bumped by every registration (each restart)")
+
+
+class PartitionHealthPublic(BaseModel):
+    """Partition counts over every topic, from the metadata store."""
+
+    total: int
+    under_replicated: int = Field(description="ISR smaller than the replica set")
+    under_min_isr: int = Field(
+        description="ISR below min.insync.replicas: acks=all writes answer NOT_ENOUGH_REPLICAS"
+    )
+    offline: int = Field(description="no leader: no live in-sync replica to elect")
+    unclean_elections: int = Field(
+        description="leaders elected from outside the ISR so far (acknowledged data may be lost)"
+    )
 
 
 class ClusterPublic(BaseModel):
@@ -188,16 +205,38 @@ class ClusterPublic(BaseModel):
         json_schema_extra={
             "examples": [
                 {
+                    "broker_id": 1,
+                    "clustered": False,
                     "controller": 1,
-                    "brokers": [{"broker_id": 1, "host": "127.0.0.1", "port": 8080, "rack": None}],
+                    "brokers": [
+                        {
+                            "broker_id": 1,
+                            "host": "127.0.0.1",
+                            "port": 8080,
+                            "rack": None,
+                            "url": "http://127.0.0.1:8080",
+                            "alive": True,
+                            "broker_epoch": 1,
+                        }
+                    ],
+                    "partitions": {
+                        "total": 3,
+                        "under_replicated": 0,
+                        "under_min_isr": 0,
+                        "offline": 0,
+                        "unclean_elections": 0,
+                    },
                     "limits": {"max_connections": 10000, "max_request_bytes": 67108864},
                 }
             ]
         }
     )
 
-    controller: int
+    broker_id: int = Field(description="the broker that answered")
+    clustered: bool = Field(description="started with a shared metadata store (--metadata-url)")
+    controller: int = Field(description="the broker holding the controller lease; -1 if none")
     brokers: list[BrokerPublic]
+    partitions: PartitionHealthPublic
     limits: dict[str, int] = Field(
         default_factory=dict,
         description="The broker's caps and timeouts in force, named as its settings "

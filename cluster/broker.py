@@ -115,6 +115,37 @@ class BrokerConfig:
         return self.metadata_url is not None
 
 
+@dataclass(frozen=True)
+class PartitionHealth:
+    total: int = 0
+    under_replicated: int = 0
+    under_min_isr: int = 0
+    offline: int = 0
+    unclean_elections: int = 0
+
+    @classmethod
+    def of(cls, topics: list[TopicMeta]) -> PartitionHealth:
+        total = under = below_min = offline = unclean = 0
+        for t in topics:
+            min_isr = LogConfig.from_dict(t.configs).min_insync_replicas
+            for a in t.assignments:
+                total += 1
+                under += len(a.isr) < len(a.replicas)
+                below_min += len(a.isr) < min(min_isr, len(a.replicas))
+                offline += a.leader < 0
+                unclean += a.unclean_elections
+        return cls(total, under, below_min, offline, unclean)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What ``GET /v1/cluster`` shows, read from the store in one go."""
+
+    brokers: list[BrokerMeta]
+    controller: int
+    health: PartitionHealth
+
+
 class Broker:
     def __init__(
         self,
@@ -252,6 +283,19 @@ class Broker:
     def store(self) -> MetadataStore:
         assert self.metadata is not None, "broker not started"
         return self.metadata
+
+    async def cluster_view(self) -> ClusterView:
+        """Brokers, the controller and partition health, from the store (SQL off the loop)."""
+        store = self.store
+
+        def read() -> ClusterView:
+            ctl = store.controller()
+            controller = ctl.broker_id if ctl is not None and ctl.alive else -1
+            if not self.config.clustered:
+                controller = self.config.broker_id  # one broker controls itself
+            return ClusterView(store.brokers(), controller, PartitionHealth.of(store.topics()))
+
+        return await asyncio.to_thread(read)
 
     # -- topics ----------------------------------------------------------------------------------
 

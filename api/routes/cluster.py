@@ -2,26 +2,45 @@
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 
 from fastapi import APIRouter, Response
 
 from core_log.limits import MAX_PARTITIONS_PER_TOPIC
 
-from ..schemas import BrokerPublic, ClusterPublic
+from ..schemas import BrokerPublic, ClusterPublic, PartitionHealthPublic
 from ..state import AppState, BrokerDep, StateDep
 
 router = APIRouter(tags=["cluster"])
 
 
-@router.get("/v1/cluster", summary="Brokers, the controller and this broker's limits")
+@router.get(
+    "/v1/cluster",
+    summary="Brokers, the controller, partition health and this broker's limits",
+)
 async def cluster(state: StateDep) -> ClusterPublic:
     broker = state.broker
-    rows = await asyncio.to_thread(broker.store.brokers)  # SQL: never on the event loop
+    view = await broker.cluster_view()
     brokers = [
-        BrokerPublic(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack) for b in rows
+        BrokerPublic(
+            broker_id=b.broker_id,
+            host=b.host,
+            port=b.port,
+            rack=b.rack,
+            url=b.base_url,
+            alive=b.alive,
+            broker_epoch=b.broker_epoch,
+        )
+        for b in view.brokers
     ]
-    return ClusterPublic(controller=broker.config.broker_id, brokers=brokers, limits=limits(state))
+    return ClusterPublic(
+        broker_id=broker.config.broker_id,
+        clustered=broker.config.clustered,
+        controller=view.controller,
+        brokers=brokers,
+        partitions=PartitionHealthPublic(**dataclasses.asdict(view.health)),
+        limits=limits(state),
+    )
 
 
 # Settings shown in ``limits`` as they are; max_connections is shown as the cap in force.

@@ -50,10 +50,22 @@ def test_cluster(http: httpx.Client, shared_broker: BrokerProcess) -> None:
     r = http.get("/v1/cluster")
     assert r.status_code == 200
     body = r.json()
-    assert body["controller"] == 1
-    assert body["brokers"] == [
-        {"broker_id": 1, "host": "127.0.0.1", "port": shared_broker.port, "rack": None}
-    ]
+    assert body["controller"] == 1 and body["broker_id"] == 1 and body["clustered"] is False
+    [me] = body["brokers"]
+    assert me["broker_epoch"] >= 1
+    assert {k: v for k, v in me.items() if k != "broker_epoch"} == {
+        "broker_id": 1,
+        "host": "127.0.0.1",
+        "port": shared_broker.port,
+        "rack": None,
+        "url": f"http://127.0.0.1:{shared_broker.port}",
+        "alive": True,
+    }
+    health = body["partitions"]
+    # One broker: every partition has its one replica in sync and led.
+    assert health["total"] >= 0
+    assert health["under_replicated"] == health["offline"] == health["unclean_elections"] == 0
+    assert health["under_min_isr"] == 0
 
 
 def _samples(text: str, name: str) -> dict[str, float]:

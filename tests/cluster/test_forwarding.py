@@ -266,3 +266,25 @@ def test_framed_bodies_and_errors_cross_the_wire_intact() -> None:
     timed_out = through(LogbusError("slow", code=ErrorCode.REQUEST_TIMED_OUT, isr=[1, 2]))
     assert timed_out.code is ErrorCode.REQUEST_TIMED_OUT and timed_out.detail == {"isr": [1, 2]}
     assert timed_out.http_status == 504 and timed_out.retriable
+
+
+def test_cluster_view_lists_brokers_controller_and_partition_health(
+    cluster: tuple[str, dict[int, str]],
+) -> None:
+    url, urls = cluster
+    store = MetadataStore(url)
+    try:
+        controller = store.controller()
+    finally:
+        store.close()
+    assert controller is not None
+    for i, base in urls.items():
+        body = httpx.get(f"{base}/v1/cluster", timeout=10).json()
+        assert body["broker_id"] == i and body["clustered"] is True
+        assert body["controller"] == controller.broker_id
+        assert [(b["broker_id"], b["url"], b["alive"]) for b in body["brokers"]] == [
+            (j, urls[j], True) for j in sorted(urls)
+        ]
+        health = body["partitions"]
+        assert health["total"] >= PARTITIONS and health["offline"] == 0
+        assert health["unclean_elections"] == 0
