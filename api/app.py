@@ -23,6 +23,7 @@ from .loop_lag import LoopLagProbe
 from .metrics import Metrics
 from .params import NAME_PATTERN, UINT_PATTERN
 from .problems import PROBLEM_JSON
+from .proxy import Proxy
 from .routes import cluster, groups, producers, records, topics, ws
 from .routes.common import errors as errors_doc
 from .schemas import FetchResponse, Problem
@@ -208,6 +209,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics=Metrics(broker, coordinator, budgets),
         coordinator=coordinator,
         budgets=budgets,
+        proxy=Proxy(broker, settings.max_wait_ms) if broker.config.clustered else None,
     )
     app.state.logbus = state
     probe = LoopLagProbe(state.metrics.loop_lag, settings.loop_lag_interval_ms / 1000)
@@ -222,6 +224,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if fast is not None:
             fast.state = None
         probe.stop()
+        if state.proxy is not None:
+            await state.proxy.close()
         await coordinator.close()
         await broker.close()
 

@@ -23,6 +23,7 @@ import contextlib
 import enum
 import re
 import uuid
+import zlib
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -594,6 +595,17 @@ class Broker:
             return True
         leading = self.replicas.leading.get((topic, partition))
         return leading is not None and leading.active
+
+    def coordinator_of(self, group_id: str) -> int:
+        """The broker coordinating ``group_id``: the leader of its ``__consumer_offsets``
+        partition (crc32 of the id, as Kafka's); -1 while the topic or its leader is missing."""
+        if self.replicas is None:
+            return self.config.broker_id
+        try:
+            count = self.topic(OFFSETS_TOPIC).partitions
+        except LogbusError:
+            return -1
+        return self.replicas.leader_id(OFFSETS_TOPIC, zlib.crc32(group_id.encode()) % count)
 
     def offsets_replication_factor(self) -> int:
         """Kafka's offsets.topic.replication.factor (3), capped by the brokers registered."""
