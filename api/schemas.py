@@ -70,6 +70,15 @@ class TopicCreate(BaseModel):
     )
 
 
+class ReplicaPublic(BaseModel):
+    """The answering broker's own replica of a partition (it may lag the leader)."""
+
+    broker_id: int
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+
+
 class PartitionPublic(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [_PARTITION_EXAMPLE]})
 
@@ -78,9 +87,12 @@ class PartitionPublic(BaseModel):
     leader_epoch: int
     replicas: list[int]
     isr: list[int]
-    log_start_offset: int
-    high_watermark: int
-    log_end_offset: int
+    log_start_offset: int = Field(description="the leader's; -1 when it cannot be reached")
+    high_watermark: int = Field(description="the leader's; -1 when it cannot be reached")
+    log_end_offset: int = Field(description="the leader's; -1 when it cannot be reached")
+    local_replica: ReplicaPublic | None = Field(
+        None, description="this broker's replica, if it holds one"
+    )
 
 
 class TopicPublic(BaseModel):

@@ -361,3 +361,23 @@ def test_group_calls_through_any_broker_reach_the_coordinator(
     )
     assert polled.status_code == 200, polled.text
     assert _fetch(leader, 0, 0).json()["high_watermark"] > 0
+
+
+def test_partition_listing_gives_the_leaders_offsets_on_every_broker(
+    cluster: tuple[str, dict[int, str]],
+) -> None:
+    url, urls = cluster
+    leader, _, outsider = _roles(url, urls, 0)
+    assert _produce(leader, 0, ["listed"]).status_code == 200
+    hw = _fetch(leader, 0, 0).json()["high_watermark"]
+    for i, base in urls.items():
+        [p0] = [
+            p
+            for p in httpx.get(f"{base}/v1/topics/{TOPIC}/partitions", timeout=10).json()
+            if p["partition"] == 0
+        ]
+        assert p0["high_watermark"] == hw and p0["log_end_offset"] == hw, base
+        if base == outsider:
+            assert p0["local_replica"] is None
+        else:
+            assert p0["local_replica"]["broker_id"] == i
