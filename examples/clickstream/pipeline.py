@@ -91,7 +91,8 @@ def create_topic(url: str, name: str) -> None:
         r.raise_for_status()
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_compose.py parses docker-compose.yml's job with it)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--url",
@@ -102,7 +103,11 @@ def main() -> None:
     ap.add_argument("--out-topic", default="clicks-per-minute")
     ap.add_argument("--dir", type=Path, default=Path("clickstream-out"))
     ap.add_argument("--available-now", action="store_true")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

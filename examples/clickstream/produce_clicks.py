@@ -44,7 +44,8 @@ def produce(
     return start_ms
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_compose.py parses docker-compose.yml's producer with it)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--url",
@@ -55,7 +56,11 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=6000)
     ap.add_argument("--minutes", type=int, default=5)
     ap.add_argument("--users", type=int, default=5)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     start = produce(args.url, args.topic, args.events, args.minutes, args.users)
     per = args.events // args.minutes // args.users
     print(
