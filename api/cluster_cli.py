@@ -248,6 +248,7 @@ def _migrate(url: str) -> str:
 
 
 def _run(members: list[_Member], url: str, revision: str, stop: _Stop) -> int:
+    print(f"metadata store: {url} (schema {revision})")
     try:
         # One after another: brokers registering at the same instant on one SQLite file
         # have failed with "database is locked" (a read transaction upgraded to a write).
@@ -256,8 +257,6 @@ def _run(members: list[_Member], url: str, revision: str, stop: _Stop) -> int:
             if (error := _wait_ready(m, stop)) is not None:
                 _stop_all(members)
                 return _fail(error) if not stop.event.is_set() else 0
-        print(f"metadata store: {url} (schema {revision})")
-        for m in members:
             assert m.proc is not None
             print(
                 f"broker {m.broker_id}: {m.url}  "

@@ -116,6 +116,7 @@ def test_click_stream_services_run_the_example_against_the_brokers(
     assert "WORKDIR /app" in stage  # so `python -m examples...` finds the module
     for b in BROKERS:
         assert service["depends_on"][b]["condition"] == "service_healthy"
+    assert args.replication_factor == len(BROKERS)  # the topics it creates are replicated
 
 
 def test_the_spark_job_reads_what_the_clicks_service_writes(compose: dict[str, Any]) -> None:
