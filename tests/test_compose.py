@@ -88,6 +88,10 @@ def test_brokers_are_logbus_serve_on_one_postgres_store(compose: dict[str, Any])
         assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
         assert "readyz" in " ".join(service["healthcheck"]["test"])
         assert f"127.0.0.1:{a.port}" in service["healthcheck"]["test"][-1]
+    # One shape (the x-broker anchor): tests/test_packaging.py checks broker1's against the
+    # Dockerfile, so the others must be the same.
+    for key in ("build", "image", "healthcheck", "restart", "stop_grace_period"):
+        assert all(services[n][key] == services["broker1"][key] for n in BROKERS), key
     published = [services[n]["ports"][0] for n in BROKERS]
     assert all(p.startswith("127.0.0.1:") for p in published)  # loopback only: no auth yet
     assert len({p.split(":")[1] for p in published}) == 3
