@@ -91,6 +91,7 @@ class _Member:
     data_dir: Path
     log_path: Path
     url: str
+    env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     exit_codes: list[int] = field(default_factory=list)
@@ -103,6 +104,7 @@ class _Member:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env=self.env,
                 start_new_session=True,
                 # preexec_fn is unsafe with threads; this process starts none.
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
@@ -198,8 +200,11 @@ def cluster_up(args: argparse.Namespace) -> int:
     try:
         revision = _migrate(url)
     except Exception as e:  # any driver's error: say which store and why, in one line
-        return _fail(f"cannot migrate the metadata store {url}: {type(e).__name__}: {e}")
+        return _fail(f"cannot migrate the metadata store {_shown(url)}: {type(e).__name__}: {e}")
 
+    # The URL reaches the brokers in their environment, not on their command line: a password
+    # in it would show in every `ps`.
+    env = {**os.environ, "LOGBUS_METADATA_URL": url}
     members = []
     for i, port in enumerate(ports, start=1):
         public = f"http://{_url_host(host)}:{port}"
@@ -210,8 +215,6 @@ def cluster_up(args: argparse.Namespace) -> int:
             "serve",
             "--broker-id",
             str(i),
-            "--metadata-url",
-            url,
             "--data-dir",
             str(data_dir / f"broker-{i}"),
             "--host",
@@ -223,7 +226,9 @@ def cluster_up(args: argparse.Namespace) -> int:
             *(["--insecure"] if args.insecure else []),
         ]
         members.append(
-            _Member(i, port, cmd, data_dir / f"broker-{i}", data_dir / f"broker-{i}.log", public)
+            _Member(
+                i, port, cmd, data_dir / f"broker-{i}", data_dir / f"broker-{i}.log", public, env
+            )
         )
 
     stop = _Stop()
@@ -233,6 +238,16 @@ def cluster_up(args: argparse.Namespace) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _shown(url: str) -> str:
+    """The URL as printed: a password becomes ***."""
+    import sqlalchemy as sa
+
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return url
 
 
 def _migrate(url: str) -> str:
@@ -248,7 +263,7 @@ def _migrate(url: str) -> str:
 
 
 def _run(members: list[_Member], url: str, revision: str, stop: _Stop) -> int:
-    print(f"metadata store: {url} (schema {revision})")
+    print(f"metadata store: {_shown(url)} (schema {revision})")
     try:
         # One after another: brokers registering at the same instant on one SQLite file
         # have failed with "database is locked" (a read transaction upgraded to a write).

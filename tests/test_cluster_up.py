@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.cluster_cli import READY_TIMEOUT_S
+from api.cluster_cli import READY_TIMEOUT_S, _shown
 from cluster.metadata import MetadataStore
 from tests.cluster.test_cluster_processes import CLUSTER_ENV, WAIT_S, eventually
 from tests.test_packaging import _make_recipes
@@ -251,3 +251,10 @@ def test_make_cluster_installs_the_runtime_only_and_runs_cluster_up() -> None:
         assert f"$({variable})" in command
     phony = next(x for x in (ROOT / "Makefile").read_text().splitlines() if x.startswith(".PHONY"))
     assert "cluster" in phony.split()
+
+
+def test_the_printed_metadata_url_hides_its_password() -> None:
+    assert _shown("postgresql+psycopg://logbus:s3cret@db:5432/logbus") == (
+        "postgresql+psycopg://logbus:***@db:5432/logbus"
+    )
+    assert _shown("sqlite:////tmp/x/metadata.db") == "sqlite:////tmp/x/metadata.db"
