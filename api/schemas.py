@@ -64,7 +64,10 @@ class TopicCreate(BaseModel):
     )
     name: NameStr = Field(description="1..249 of [a-zA-Z0-9._-], not '.' or '..'")
     partitions: JsonInt = Field(1, ge=1, le=10_000)
-    replication_factor: JsonInt = Field(1, ge=1, le=16)
+    replication_factor: Annotated[JsonInt, Field(ge=1, le=16)] | None = Field(
+        None,
+        description="copies of each partition; default: the broker's default_replication_factor",
+    )
     configs: Annotated[dict[str, ConfigValue], WithJsonSchema(config_schema(False))] = Field(
         default_factory=dict, max_length=100
     )

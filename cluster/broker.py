@@ -322,11 +322,14 @@ class Broker:
         self,
         name: str,
         partitions: int = 1,
-        replication_factor: int = 1,
+        replication_factor: int | None = None,
         configs: dict[str, Any] | None = None,
     ) -> TopicMeta:
+        """``replication_factor`` None: the broker's ``default_replication_factor``."""
         validate_topic_name(name)
         _check_partition_count(partitions)
+        if replication_factor is None:
+            replication_factor = self.config.default_replication_factor
         if self.config.clustered:
             return await _completed(
                 self._create_replicated(name, partitions, replication_factor, configs or {})

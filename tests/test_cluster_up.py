@@ -213,11 +213,6 @@ def test_a_taken_base_port_fails_at_once_in_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "cluster").exists()  # nothing started, nothing created
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs produce forwarding to the leader (issue 11, 'Clients against any broker'): "
-    "today a broker that does not lead a partition answers 421; remove this mark with it",
-)
 def test_the_compose_click_producer_runs_against_a_cluster(tmp_path: Path) -> None:
     """docker-compose.yml's `clicks` command, pointed at broker 1 of `cluster up`."""
     import yaml

@@ -190,3 +190,34 @@ def test_logbus_metadata_upgrade_creates_then_keeps_the_schema(tmp_path: Path) -
     assert main(["metadata", "upgrade", "--metadata-url", url]) == 0
     assert main(["metadata", "upgrade", "--metadata-url", url]) == 0
     assert migrate.current(sa.create_engine(url)) == migrate.head()
+
+
+def test_brokers_registering_at_once_on_one_sqlite_file_all_succeed(tmp_path: Path) -> None:
+    """A deferred SQLite transaction that reads then writes fails at once ("database is
+    locked") when another writer holds the lock; writes begin IMMEDIATE and queue instead."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    MetadataStore(url).close()  # the schema, made once
+    stores = [MetadataStore(url) for _ in range(8)]
+    start = threading.Barrier(len(stores))
+    epochs: dict[int, int] = {}
+    errors: list[BaseException] = []
+
+    def register(i: int) -> None:
+        start.wait()
+        try:
+            for _ in range(5):
+                epochs[i] = stores[i].register_broker(
+                    BrokerMeta(i, "127.0.0.1", 9000 + i, None), 9000
+                )
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=register, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert errors == []
+    assert epochs == {i: 5 for i in range(len(stores))}
