@@ -335,6 +335,8 @@ class Simulation:
         decide
     )
 
+    truncate_to_hw_on_follow = False  # the pre-KIP-101 rule, for a negative control
+
     def __init__(self, config: SimConfig) -> None:
         self.config = c = config
         self.rng = random.Random(c.seed)
@@ -356,7 +358,10 @@ class Simulation:
         self.pending: list[Pending] = []
         self.acked: dict[int, int] = {}  # offset -> value of every acknowledged record
         self.acked_lost: dict[int, int] = {}  # lost after an unclean election (reported)
-        self.stats = {"produced": 0, "acked": 0, "failed": 0, "crashes": 0, "elections": 0}
+        self.stats = dict.fromkeys(
+            ("produced", "acked", "failed", "crashes", "elections", "isr_changes",
+             "truncations", "restarts_at"), 0,
+        )  # fmt: skip
         for b in self.brokers.values():
             b.broker_epoch = self.store.register(b.id, 0)
             self._start_timers(b)
@@ -375,10 +380,22 @@ class Simulation:
 
     def fail(self, what: str) -> None:
         trace = "\n  ".join(self.trace)
+        brokers = "\n  ".join(self.describe(b) for b in self.brokers.values())
         raise SimulationViolation(
             f"{what}\n  seed={self.config.seed} step={self.step_no} t={self.now}ms "
             f"config={self.config}\n  replay: {SEED_ENV}={self.config.seed} pytest "
-            f"tests/cluster/test_replication_sim.py\n  last events:\n  {trace}"
+            f"tests/cluster/test_replication_sim.py\n  row: {self.store.row}\n  {brokers}"
+            f"\n  last events:\n  {trace}"
+        )
+
+    @staticmethod
+    def describe(b: SimBroker) -> str:
+        lg = b.log
+        role = "leader" if b.leading else "follower" if b.following else "-"
+        state = "up" if b.up and not b.paused else "paused" if b.up else "down"
+        return (
+            f"b{b.id} {state} {role}: log {lg.start}..{lg.log_end_offset} hw {lg.hw} "
+            f"fsynced {lg.recovery_point} epochs {lg.epochs.entries} tail {lg.records[-6:]}"
         )
 
     def jitter(self, ms: int) -> int:
@@ -525,6 +542,8 @@ class Simulation:
             cur.backoff = False
             return
         self._stop_roles(b)
+        if self.truncate_to_hw_on_follow:
+            b.log.truncate_to(b.log.hw)
         b.following = Following(FollowerReplica(b.id, row.leader, row.leader_epoch))
         self.schedule(0, self.on_broker, b, b.incarnation, self._fetch, b, b.following)
 
@@ -657,6 +676,7 @@ class Simulation:
                 return
             if leading.active and leading.replica.leader_epoch == row.leader_epoch:
                 self.log(f"b{b.id}: ISR {list(state.isr)} -> {row.isr}")
+                self.stats["isr_changes"] += 1
                 leading.replica.apply(_state(row))
                 self._advance(b, leading)
 
@@ -723,15 +743,17 @@ class Simulation:
                 f"diverging {answer.diverging_epoch}@{answer.diverging_end_offset})"
             )
             lg.truncate_to(offset)
+            self.stats["truncations"] += 1
         elif action.kind is FollowerActionKind.RESTART_AT:
             self.log(f"b{b.id}: restart log at {action.offset} (leo {lg.log_end_offset})")
             lg.truncate_fully_and_start_at(action.offset)
+            self.stats["restarts_at"] += 1
         else:
             if records:
                 lg.append(list(records), durable=self.config.fsync)
-            if answer.log_start_offset > lg.log_start_offset:
-                lg.increment_log_start_offset(answer.log_start_offset)
             lg.set_high_watermark(FollowerReplica.high_watermark(answer, lg.log_end_offset))
+            if answer.log_start_offset > lg.log_start_offset:  # after the HW, as the shell does
+                lg.increment_log_start_offset(answer.log_start_offset)
             if not records:
                 again = self.rng.randint(5, 20)  # the long poll came back empty
         self.schedule(again, self.on_broker, b, b.incarnation, self._fetch, b, f)
