@@ -25,7 +25,7 @@ Theory of operation
   partition epoch), broker leases and epochs. **Controller**: ``decide`` every few ms over the
   brokers whose lease is live.
 * **Network**: every message between brokers, and between a broker and the store, is delayed
-  (1–15 ms), sometimes dropped, reordered by its delay, and lost on a cut link or a restart.
+  (1 to 15 ms), sometimes dropped, reordered by its delay, and lost on a cut link or a restart.
 * **Faults** (first part of a run): crash / power loss / restart, pause (SIGSTOP) / resume,
   cut and heal links, retention moving the log start. Then a **quiet period** with every broker
   up and every link healed, after which the logs must have converged.
@@ -328,10 +328,10 @@ class Simulation:
     """Run with :meth:`run`; raises :class:`SimulationViolation` naming the seed."""
 
     # Hooks a negative-control test may replace to prove the checks catch a broken rule.
-    follower_truncation: Callable[[PartitionFetchAnswer, SimLog], int] = staticmethod(  # type: ignore[assignment]
+    follower_truncation: Callable[[PartitionFetchAnswer, SimLog], int] = staticmethod(
         FollowerReplica.truncation_offset
     )
-    elect: Callable[[PartitionMeta, set[int], bool, bool], PartitionMeta | None] = staticmethod(  # type: ignore[assignment]
+    elect: Callable[[PartitionMeta, set[int], bool, bool], PartitionMeta | None] = staticmethod(
         decide
     )
 

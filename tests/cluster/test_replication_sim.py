@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ DEFAULT_SEEDS = range(200)  # ~300 fault steps each, ~8 s on the reference machi
 SLOW_SEEDS = range(200, 5200)
 
 
-def _run_all(sim_class: type[Simulation], seed_list: list[int], **overrides: object) -> Counter[str]:
+def _run_all(sim_class: type[Simulation], seed_list: list[int], **overrides: Any) -> Counter[str]:
     totals: Counter[str] = Counter()
     for seed in seed_list:
         sim = sim_class(SimConfig.from_seed(seed, **overrides)).run()  # raises with its seed
@@ -38,7 +39,7 @@ def _run_all(sim_class: type[Simulation], seed_list: list[int], **overrides: obj
     return totals
 
 
-def _first_violation(sim_class: type[Simulation], budget: int, **overrides: object) -> str:
+def _first_violation(sim_class: type[Simulation], budget: int, **overrides: Any) -> str:
     for seed in range(budget):
         try:
             sim_class(SimConfig.from_seed(seed, **overrides)).run()
@@ -72,7 +73,12 @@ def test_fsync_durability_survives_power_loss_of_every_broker() -> None:
 def test_a_seed_replays_exactly() -> None:
     a = Simulation(SimConfig.from_seed(7)).run()
     b = Simulation(SimConfig.from_seed(7)).run()
-    assert (a.step_no, a.stats, a.acked, list(a.trace)) == (b.step_no, b.stats, b.acked, list(b.trace))
+    assert (a.step_no, a.stats, a.acked, list(a.trace)) == (
+        b.step_no,
+        b.stats,
+        b.acked,
+        list(b.trace),
+    )
 
 
 def test_a_violation_names_its_seed_and_the_last_events() -> None:
@@ -110,7 +116,9 @@ def test_control_truncating_to_the_high_watermark_is_caught() -> None:
 
 
 def test_control_election_outside_the_isr_is_caught() -> None:
-    def outside(row: PartitionMeta, live: set[int], unclean: bool, rb: bool) -> PartitionMeta | None:
+    def outside(
+        row: PartitionMeta, live: set[int], unclean: bool, rb: bool
+    ) -> PartitionMeta | None:
         new = decide(row, live, unclean, rb)
         if new is None or new.leader_epoch == row.leader_epoch or new.leader == -1:
             return new
@@ -124,7 +132,9 @@ def test_control_election_outside_the_isr_is_caught() -> None:
 
 
 def test_control_leader_change_without_a_new_epoch_is_caught() -> None:
-    def same_epoch(row: PartitionMeta, live: set[int], unclean: bool, rb: bool) -> PartitionMeta | None:
+    def same_epoch(
+        row: PartitionMeta, live: set[int], unclean: bool, rb: bool
+    ) -> PartitionMeta | None:
         new = decide(row, live, unclean, rb)
         return None if new is None else replace(new, leader_epoch=row.leader_epoch)
 
