@@ -766,8 +766,12 @@ class Simulation:
         live = self.store.alive(self.now)
         rebalance = self.config.rebalance and self.rng.random() < 0.1
         new = type(self).elect(row, live, self.config.unclean, rebalance)
-        if new is None:
-            return
+        if new is not None:
+            # The pass writes a little later (its own transaction): the row may have moved
+            # meanwhile (the CAS refuses it) and a broker it saw live may have expired since.
+            self.schedule(self.rng.randint(0, 10), self._controller_apply, row, new, live)
+
+    def _controller_apply(self, row: PartitionMeta, new: PartitionMeta, live: set[int]) -> None:
         if self.store.apply_controller_change(row.partition_epoch, new):
             if new.leader_epoch != row.leader_epoch:
                 self.stats["elections"] += 1
