@@ -25,13 +25,15 @@ from cluster.metadata import PartitionMeta
 from cluster.replication import LeaderReplica
 from tests.cluster.sim import SimConfig, Simulation, SimulationViolation, seeds
 
-DEFAULT_SEEDS = range(200)  # ~300 fault steps each, ~8 s on the reference machine
-SLOW_SEEDS = range(200, 5200)
+DEFAULT_SEEDS = range(200)  # ~300 fault steps each: ~8 s on the reference machine
+SLOW_SEEDS = range(200, 2200)  # 1,000 fault steps each: ~5 min
+REPLAYING = len(seeds(DEFAULT_SEEDS)) == 1  # LOGBUS_SIM_SEED names one seed
 
 
-def _run_all(sim_class: type[Simulation], seed_list: list[int], **overrides: Any) -> Counter[str]:
+def _run_all(sim_class: type[Simulation], default: range, **overrides: Any) -> Counter[str]:
+    """Run every seed (or only LOGBUS_SIM_SEED's, with the same overrides); sum the stats."""
     totals: Counter[str] = Counter()
-    for seed in seed_list:
+    for seed in seeds(default):
         sim = sim_class(SimConfig.from_seed(seed, **overrides)).run()  # raises with its seed
         totals.update(sim.stats)
         totals["unclean_runs"] += bool(sim.store.row.unclean_elections)
@@ -49,8 +51,8 @@ def _first_violation(sim_class: type[Simulation], budget: int, **overrides: Any)
 
 
 def test_invariants_hold_over_seeds() -> None:
-    totals = _run_all(Simulation, seeds(DEFAULT_SEEDS))
-    if len(seeds(DEFAULT_SEEDS)) > 1:
+    totals = _run_all(Simulation, DEFAULT_SEEDS)
+    if not REPLAYING:
         # The runs did what they are for: writes acknowledged, leaders killed and elected, the
         # ISR moving, followers truncating and restarting their logs.
         for what in ("acked", "crashes", "elections", "isr_changes", "truncations"):
@@ -60,14 +62,15 @@ def test_invariants_hold_over_seeds() -> None:
 
 
 def test_unclean_elections_are_counted_and_logs_still_converge() -> None:
-    totals = _run_all(Simulation, list(range(60)), unclean=True, min_insync_replicas=1)
-    assert totals["unclean_runs"] > 0
-    assert totals["reported_losses"] > 0  # the loss happens, and only with the count set
+    totals = _run_all(Simulation, range(60), unclean=True, min_insync_replicas=1)
+    if not REPLAYING:
+        assert totals["unclean_runs"] > 0
+        assert totals["reported_losses"] > 0  # the loss happens, and only with the count set
 
 
 def test_fsync_durability_survives_power_loss_of_every_broker() -> None:
-    totals = _run_all(Simulation, list(range(60)), fsync=True, power_loss=True, unclean=False)
-    assert totals["acked"] > 0 and totals["crashes"] > 0
+    totals = _run_all(Simulation, range(60), fsync=True, power_loss=True, unclean=False)
+    assert totals["acked"] > 0 or REPLAYING
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -93,7 +96,7 @@ def test_a_violation_names_its_seed_and_the_last_events() -> None:
 
 @pytest.mark.slow
 def test_invariants_hold_over_many_seeds() -> None:
-    _run_all(Simulation, seeds(SLOW_SEEDS), steps=1000)
+    _run_all(Simulation, SLOW_SEEDS, steps=1000)
 
 
 # -- negative controls ----------------------------------------------------------------------------
@@ -159,4 +162,5 @@ def test_control_high_watermark_ignoring_a_pending_isr_expansion_is_caught(
     "re-registers before the controller saw its lease expire stays in the ISR with a shorter log",
 )
 def test_power_loss_of_one_broker_without_fsync_keeps_acknowledged_records() -> None:
-    _run_all(Simulation, list(range(60)), fsync=False, power_loss=True, unclean=False)
+    for seed in range(60):  # not LOGBUS_SIM_SEED: this one is expected to fail
+        Simulation(SimConfig.from_seed(seed, fsync=False, power_loss=True, unclean=False)).run()
