@@ -34,8 +34,9 @@ Theory of operation
 * **Follower.** :class:`FollowerReplica` turns a fetch answer into one action: append the
   batches, truncate to an offset (diverging epoch: the end of the largest epoch both logs
   share, bounded by the leader's end for it), restart the log at the leader's log start
-  (fetch offset below it), or back off (fenced / not leader: wait for new metadata). It never
-  truncates to its own high watermark. Its high watermark is min(leader's, own log end).
+  (fetch offset below it, no epoch in common, or a log starting past the leader's end), or
+  back off (fenced / not leader: wait for new metadata). It never truncates to its own high
+  watermark. Its high watermark is min(leader's, own log end).
 
 Offsets are Kafka's: an "end offset" is the first offset *not* in the log.
 """
@@ -196,13 +197,12 @@ class LeaderReplica:
             epoch, end = log.end_offset_for_epoch(position.last_fetched_epoch)
             if epoch == UNDEFINED_EPOCH:
                 # Nothing in our log is as old as the follower's last epoch: everything the
-                # follower holds past our log start diverges. A follower ending right at our
-                # log start holds nothing there, so it just fetches on.
-                if position.fetch_offset > log.log_start_offset:
-                    return FetchDecision(
-                        diverging_epoch=UNDEFINED_EPOCH, diverging_end_offset=log.log_start_offset
-                    )
-            elif epoch != position.last_fetched_epoch or end < position.fetch_offset:
+                # follower holds past our log start diverges, and what it holds below is not
+                # known to match what we deleted there. It restarts its log at our log start.
+                return FetchDecision(
+                    diverging_epoch=UNDEFINED_EPOCH, diverging_end_offset=log.log_start_offset
+                )
+            if epoch != position.last_fetched_epoch or end < position.fetch_offset:
                 return FetchDecision(diverging_epoch=epoch, diverging_end_offset=end)
         leader_end = log.log_end_offset
         if not log.log_start_offset <= position.fetch_offset <= leader_end:
@@ -381,6 +381,12 @@ class FollowerReplica:
             # Past the leader's end with no epoch to compare (an empty epoch cache) or in an
             # epoch the leader does not dispute: cut back to the leader's end.
             return FollowerAction(FollowerActionKind.TRUNCATE, answer.log_end_offset)
+        if answer.diverging_end_offset >= 0 and answer.diverging_epoch == UNDEFINED_EPOCH:
+            # No epoch in common: a cut at the leader's log start would keep our records below
+            # it (unlike the ones the leader deleted, and a replica in the ISR meanwhile could
+            # serve them as leader), and a log ending there would be cut to itself and ask the
+            # same question forever. Start empty at the leader's log start instead.
+            return FollowerAction(FollowerActionKind.RESTART_AT, answer.diverging_end_offset)
         if answer.diverging_end_offset >= 0:
             return FollowerAction(FollowerActionKind.TRUNCATE, self.truncation_offset(answer, log))
         return FollowerAction(FollowerActionKind.APPEND)
@@ -389,7 +395,7 @@ class FollowerReplica:
     def truncation_offset(answer: PartitionFetchAnswer, log: LogView) -> Offset:
         """Where to cut on a diverging epoch: the end of the largest epoch this log shares
         with the leader's answer, bounded by the leader's end for it (KIP-279)."""
-        if answer.diverging_epoch == UNDEFINED_EPOCH:
+        if answer.diverging_epoch == UNDEFINED_EPOCH:  # on_answer restarts the log instead
             return max(answer.diverging_end_offset, log.log_start_offset)
         mine, my_end = log.end_offset_for_epoch(answer.diverging_epoch)
         if mine == UNDEFINED_EPOCH:

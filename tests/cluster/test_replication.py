@@ -96,15 +96,24 @@ def test_a_fetch_below_the_log_start_is_out_of_range_whatever_its_epoch() -> Non
     assert (action.kind, action.offset) == (FollowerActionKind.RESTART_AT, 23)
 
 
-def test_a_follower_ending_at_the_log_start_with_an_unknown_epoch_fetches_on() -> None:
-    # Seed 1291: nothing the follower holds lies at or past the leader's log start, so nothing
-    # diverges; a diverging answer at the log start truncated nothing and came back forever.
+def test_no_shared_epoch_restarts_the_follower_at_the_leader_log_start() -> None:
+    # Seed 1291: a follower ending at the leader's log start with an epoch older than any the
+    # leader knows was told to cut there, cut nothing and asked again forever. Seed 2087
+    # (1,000 steps): one ending past it cut there but kept records below it that differ from
+    # the ones the leader had deleted, joined the ISR, and could have served them as leader.
     log = _log([(o, 1) for o in range(5, 9)], start=5)
+    log.epochs.truncate_from_start(5)
     leader = _leader((1, 2), hw=9, epoch_start=9)
-    assert leader.on_fetch(2, _fetch(5, 0), log, now_ms=0).read_from == 5
-    # Past the log start the follower's records (epoch 0) cannot match ours (epoch 1).
-    decision = leader.on_fetch(2, _fetch(6, 0), log, now_ms=0)
-    assert (decision.diverging_epoch, decision.diverging_end_offset) == (UNDEFINED_EPOCH, 5)
+    for fetch_offset in (5, 7):
+        sent = _fetch(fetch_offset, 0)
+        decision = leader.on_fetch(2, sent, log, now_ms=0)
+        assert (decision.diverging_epoch, decision.diverging_end_offset) == (UNDEFINED_EPOCH, 5)
+        answer = PartitionFetchAnswer(None, 9, 5, 9, UNDEFINED_EPOCH, 5)
+        follower_log = _log([(o, 0) for o in range(fetch_offset)])
+        action = FollowerReplica(2, 1, 5).on_answer(sent, answer, follower_log)
+        assert (action.kind, action.offset) == (FollowerActionKind.RESTART_AT, 5)
+    # After the restart the follower's epoch cache is empty: it fetches on from 5.
+    assert leader.on_fetch(2, _fetch(5, UNDEFINED_EPOCH), log, now_ms=0).read_from == 5
 
 
 # -- the follower -------------------------------------------------------------------------------
