@@ -292,8 +292,12 @@ class LeaderReplica:
         return self.pending_isr
 
     def apply(self, state: PartitionState) -> None:
-        """Take a newer row in the same leader epoch (an ISR change the store accepted)."""
+        """Take a newer row in the same leader epoch (an ISR change the store accepted); an
+        older one (the answer to our change arriving after a later row) is ignored, or the
+        next change would name a stale partition epoch and be refused until the row moved."""
         assert state.leader == self.me and state.leader_epoch == self.leader_epoch
+        if state.partition_epoch < self.state.partition_epoch:
+            return  # an ISR change's answer overtaken by a newer row: keep the newer one
         for b in state.replicas:
             if b != self.me and b not in self.followers:
                 self.followers[b] = FollowerPosition(last_caught_up_ms=self.now_ms)

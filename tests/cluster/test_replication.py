@@ -81,6 +81,16 @@ def test_a_pending_shrink_keeps_the_current_isr_for_the_high_watermark() -> None
     assert leader.high_watermark_target(10, 10) == 3  # until the store took the shrink
 
 
+def test_an_older_row_does_not_replace_a_newer_one() -> None:
+    # The answer to our ISR change (partition epoch 11) can arrive after the metadata poll
+    # applied the controller's next change (12); going back to 11 would make every later
+    # change name a stale partition epoch.
+    leader = _leader((1, 2, 3), hw=0, epoch_start=0)
+    leader.apply(PartitionState((1, 2, 3), (1, 2), 1, 5, 12))
+    leader.apply(PartitionState((1, 2, 3), (1, 2, 3), 1, 5, 11))
+    assert (leader.isr, leader.state.partition_epoch) == ((1, 2), 12)
+
+
 def test_a_fetch_below_the_log_start_is_out_of_range_whatever_its_epoch() -> None:
     # Seed 88: a follower whose whole log lay below the leader's log start, with an epoch older
     # than any the leader knows, was told to "diverge at the log start", cut nothing, and asked
