@@ -26,7 +26,7 @@ from cluster.replication import LeaderReplica
 from tests.cluster.sim import SimConfig, Simulation, SimulationViolation, seeds
 
 DEFAULT_SEEDS = range(200)  # ~300 fault steps each: ~8 s on the reference machine
-SLOW_SEEDS = range(200, 2200)  # 1,000 fault steps each: ~5 min
+SLOW_SEEDS = range(200, 2200)  # 1,000 fault steps each: ~8 min
 REPLAYING = len(seeds(DEFAULT_SEEDS)) == 1  # LOGBUS_SIM_SEED names one seed
 
 
@@ -158,9 +158,15 @@ def test_control_high_watermark_ignoring_a_pending_isr_expansion_is_caught(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known gap: a broker that loses its page cache (power loss, no durability=fsync) and "
-    "re-registers before the controller saw its lease expire stays in the ISR with a shorter log",
+    reason="known gap (20 of seeds 0-199 fail): a broker that loses its page cache (power loss "
+    "without durability=fsync) and registers again before the controller saw its lease expire "
+    "stays in the ISR with a shorter log, and may lead. Fencing a new incarnation out of the "
+    "ISR at registration, as KRaft does, leaves 5 of 200: the last ISR member losing its cache "
+    "(Kafka's KIP-966 case); durability=fsync closes both.",
 )
 def test_power_loss_of_one_broker_without_fsync_keeps_acknowledged_records() -> None:
     for seed in range(60):  # not LOGBUS_SIM_SEED: this one is expected to fail
-        Simulation(SimConfig.from_seed(seed, fsync=False, power_loss=True, unclean=False)).run()
+        config = SimConfig.from_seed(
+            seed, fsync=False, power_loss=True, unclean=False, min_insync_replicas=2
+        )
+        Simulation(config).run()
