@@ -66,7 +66,8 @@ from core_log.epoch_cache import LeaderEpochCache
 
 Record = tuple[int, int, int]  # (offset, leader epoch, value); values are unique per run
 
-SEED_ENV = "LOGBUS_SIM_SEED"
+SEED_ENV = "LOGBUS_SIM_SEED"  # run only this seed (replay a failure)
+TRACE_ENV = "LOGBUS_SIM_TRACE"  # how many of the last events a failure prints (default 60)
 
 
 class SimulationViolation(AssertionError):
@@ -346,7 +347,7 @@ class Simulation:
         self.step_no = 0
         self._seq = 0
         self._events: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
-        self.trace: deque[str] = deque(maxlen=int(os.environ.get("SIM_TRACE", "60")))
+        self.trace: deque[str] = deque(maxlen=int(os.environ.get(TRACE_ENV, "60")))
         ids = list(range(1, c.brokers + 1))
         self.brokers = {b: SimBroker(b) for b in ids}
         self.store = SimStore(

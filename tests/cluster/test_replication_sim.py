@@ -26,7 +26,7 @@ from cluster.replication import LeaderReplica
 from tests.cluster.sim import SimConfig, Simulation, SimulationViolation, seeds
 
 DEFAULT_SEEDS = range(200)  # ~300 fault steps each: ~8 s on the reference machine
-SLOW_SEEDS = range(200, 2200)  # 1,000 fault steps each: ~8 min
+SLOW_SEEDS = range(200, 2200)  # 1,000 fault steps each: ~5 min
 REPLAYING = len(seeds(DEFAULT_SEEDS)) == 1  # LOGBUS_SIM_SEED names one seed
 
 
