@@ -35,7 +35,8 @@ import h2.events
 import h2.exceptions
 import h2.settings
 from h2.config import H2Configuration
-from h2.connection import H2Connection
+
+from cluster.h2frames import BodySink, FrameReader, ZeroCopyH2Connection
 
 log = logging.getLogger("logbus.cluster.h2")
 
@@ -144,17 +145,22 @@ def _settings(limits: H2Limits, *, client_side: bool) -> dict[h2.settings.Settin
     return settings
 
 
-class H2Protocol(asyncio.Protocol):
+class H2Protocol(asyncio.BufferedProtocol):
     """The asyncio shell shared by server and client connections.
 
-    Subclasses handle the stream events (:meth:`on_event`); this class owns the transport,
-    the flush, the flow control for sending and the send timeout. Single-threaded: every
-    method runs on the event loop.
+    Subclasses handle the stream events (:meth:`on_event`) and may receive bodies in place
+    (:meth:`sink_for`); this class owns the transport, the flush, the flow control for
+    sending and the send timeout. Single-threaded: every method runs on the event loop.
     """
 
     def __init__(self, limits: H2Limits, *, client_side: bool) -> None:
         self.limits = limits
-        self.h2 = H2Connection(H2Configuration(client_side=client_side, header_encoding="utf-8"))
+        self.h2 = ZeroCopyH2Connection(
+            H2Configuration(client_side=client_side, header_encoding="utf-8")
+        )
+        self.reader = FrameReader(
+            self.h2, self.sink_for, self._on_h2_events, server_side=not client_side
+        )
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._loop = asyncio.get_running_loop()
@@ -180,25 +186,33 @@ class H2Protocol(asyncio.Protocol):
             self.h2.increment_flow_control_window(increment)
         self.flush()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reader.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            events = self.h2.receive_data(data)
+            self.reader.buffer_updated(nbytes)
         except h2.exceptions.ProtocolError as exc:
             log.info("h2 protocol error from %s: %s", self.peer, exc)
             self.flush()  # h2 queued a GOAWAY
             self.abort()
             return
+        if not self.closed:
+            self.flush()
+
+    def _on_h2_events(self, events: list[h2.events.Event]) -> None:
         for event in events:
             if isinstance(event, h2.events.DataReceived):
-                # Acknowledge at once: memory is bounded by the body caps, not the window.
+                # Acknowledge at once (h2 sends a WINDOW_UPDATE once half a window is
+                # consumed): memory is bounded by the body caps, not by the window.
                 if event.flow_controlled_length and event.stream_id:
                     self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
                 self.wake_senders()
             self.on_event(event)
             if self.closed:
+                self.reader.stopped = True
                 return
-        self.flush()
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -208,6 +222,7 @@ class H2Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.reader.stopped = True
         self._writable.set()
         self.wake_senders()
         self.on_closed(exc)
@@ -215,6 +230,13 @@ class H2Protocol(asyncio.Protocol):
     # -- for subclasses --------------------------------------------------------------------
     def on_event(self, event: h2.events.Event) -> None:
         raise NotImplementedError
+
+    def sink_for(self, stream_id: int) -> BodySink | None:
+        """Where DATA on ``stream_id`` is received in place; None: ``h2`` parses it."""
+        return None
+
+    def on_body_sent(self, nbytes: int) -> None:
+        """Hook for statistics."""
 
     def on_closed(self, exc: Exception | None) -> None:
         raise NotImplementedError
@@ -224,9 +246,12 @@ class H2Protocol(asyncio.Protocol):
         return None if self.transport is None else self.transport.get_extra_info("peername")
 
     def flush(self) -> None:
-        data = self.h2.data_to_send()
-        if data and not self.closed and self.transport is not None:
-            self.transport.write(data)
+        # One write per piece: asyncio's writelines joins (copies) before Python 3.12, and
+        # write() sends a memoryview as is when the socket takes it.
+        out = self.h2.take_output()
+        if out and not self.closed and self.transport is not None:
+            for piece in out:
+                self.transport.write(piece)
 
     def abort(self) -> None:
         """Drop the connection at once (no graceful close)."""
@@ -298,13 +323,14 @@ class H2Protocol(asyncio.Protocol):
                     continue
                 end = offset + n
                 try:
-                    self.h2.send_data(
+                    self.h2.send_payload(
                         stream_id, view[offset:end], end_stream=last_part and end == size
                     )
                 except h2.exceptions.StreamClosedError:
                     return False
                 offset = end
                 self.flush()
+                self.on_body_sent(n)
         if not views:
             try:
                 self.h2.end_stream(stream_id)

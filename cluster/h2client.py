@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import h2.errors
 import h2.events
 
+from cluster.h2frames import BodySink
 from cluster.h2base import (
     DEFAULT_LIMITS,
     H2Limits,
@@ -40,6 +41,8 @@ class _OutboundStream:
     headers: list[tuple[str, str]] = field(default_factory=list)
     chunks: list[bytes] = field(default_factory=list)
     size: int = 0
+    # The body's preallocated destination when the response announced its content-length.
+    sink: BodySink | None = None
 
 
 class _ClientConnection(H2Protocol):
@@ -132,6 +135,7 @@ class _ClientConnection(H2Protocol):
             stream = self._streams.get(event.stream_id or 0)
             if stream is not None and event.headers is not None:
                 stream.headers = [(str(n), str(v)) for n, v in event.headers]
+                self._on_response_head(event.stream_id or 0, stream)
         elif isinstance(event, h2.events.DataReceived):
             self._on_data(event)
         elif isinstance(event, h2.events.StreamEnded):
@@ -146,6 +150,24 @@ class _ClientConnection(H2Protocol):
             if not self._streams:
                 self.close()
 
+    def _on_response_head(self, sid: int, stream: _OutboundStream) -> None:
+        """A body of announced length is received in place (cluster.h2frames); one over the
+        cap is refused before any of it arrives."""
+        length = -1
+        for name, value in stream.headers:
+            if name == "content-length" and value.isdigit():
+                length = int(value)
+        if length > self.limits.max_response_body_bytes:
+            self._over_cap(sid, stream)
+        elif length > 0:
+            stream.sink = BodySink(length)
+
+    def sink_for(self, stream_id: int) -> BodySink | None:
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.response.done():
+            return None
+        return stream.sink
+
     def _on_data(self, event: h2.events.DataReceived) -> None:
         sid = event.stream_id or 0
         stream = self._streams.get(sid)
@@ -153,11 +175,21 @@ class _ClientConnection(H2Protocol):
             return
         stream.size += len(event.data)
         if stream.size > self.limits.max_response_body_bytes:
-            stream.chunks.clear()
-            self.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
-            self._fail(sid, f"response body over {self.limits.max_response_body_bytes} bytes")
+            self._over_cap(sid, stream)
+            return
+        if stream.sink is not None:
+            if not stream.sink.accept(event.data):
+                # more than content-length: h2 rejects this itself; never grow the buffer
+                self.reset_stream(sid, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+                self._fail(sid, "response body longer than its content-length")
             return
         stream.chunks.append(event.data)
+
+    def _over_cap(self, sid: int, stream: _OutboundStream) -> None:
+        stream.chunks.clear()
+        stream.sink = None
+        self.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+        self._fail(sid, f"response body over {self.limits.max_response_body_bytes} bytes")
 
     def _on_stream_ended(self, sid: int) -> None:
         stream = self._streams.get(sid)
@@ -169,7 +201,11 @@ class _ClientConnection(H2Protocol):
             stream.response.set_exception(exc)
             return
         chunks, stream.chunks = stream.chunks, []
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if stream.sink is not None:
+            body = stream.sink.take()
+            stream.sink = None
+        else:
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         headers = [(n, v) for n, v in stream.headers if not n.startswith(":")]
         stream.response.set_result(H2Response(status, headers, body))
         self.wake_senders()
