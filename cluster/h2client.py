@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 import h2.errors
 import h2.events
 
-from cluster.h2frames import BodySink
 from cluster.h2base import (
     DEFAULT_LIMITS,
     H2Limits,
@@ -33,6 +32,7 @@ from cluster.h2base import (
     H2TransportError,
     status_of,
 )
+from cluster.h2frames import BodySink
 
 
 @dataclass

@@ -1,0 +1,348 @@
+"""HTTP/2 (h2c) fetch throughput on one connection, as a ratio to HTTP/1.1 reading the same bytes.
+
+``python -m benchmarks.h2_fetch [--sizes-mib 1 16] [--seconds 3] [--rounds 5] [--json PATH]``
+
+What is compared, and why it is fair:
+
+* One server process (a child, so client and server each get a core as two brokers would)
+  listens on two ports on the same event loop: ``cluster.h2transport.H2Server`` (h2c) and a
+  minimal keep-alive HTTP/1.1 server (:class:`Http1Server`). Both answer ``GET /<n>`` with
+  the same preallocated ``n``-byte body, written as memoryview slices of
+  ``send_chunk_bytes`` (1 MiB) with the same transport write-buffer limits and the same
+  wait-while-paused rule, so the only difference on the send side is HTTP/2's framing and
+  flow control.
+* The client (this process, same loop implementation) uses one connection per protocol and
+  fetches sequentially (one request in flight, as a replication long-poll does). HTTP/1.1
+  is read by :class:`Http1Client`: a ``BufferedProtocol`` that receives the body straight
+  into a preallocated buffer and hands back ``bytes`` — the same delivery as ``H2Client``
+  (kernel → preallocated buffer → one copy to ``bytes``). It is the fastest reasonable
+  HTTP/1.1 read in Python, so the ratio is a lower bound on what h2c costs; an httpx
+  HTTP/1.1 figure is printed beside it for scale.
+* Rounds alternate protocols (h1, h2, httpx, h1, h2, …) so load from other processes on this
+  shared 2-core machine hits both; the figure is each protocol's median round. Every body's
+  length is checked; ``--verify`` also compares the bytes.
+
+MB/s are 10^6 bytes of body per second. ``--loop uvloop`` (default, what uvicorn runs the
+brokers on) or ``asyncio``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+
+from cluster.h2transport import H2Client, H2Limits, H2Request, H2Response, H2Server
+
+MIB = 1024 * 1024
+MAX_BODY_BYTES = 256 * MIB
+HEAD_MAX_BYTES = 16 * 1024
+
+
+def _body(size: int) -> bytes:
+    pattern = bytes(range(256))
+    return (pattern * (size // 256 + 1))[:size]
+
+
+class _Bodies:
+    """Preallocated response bodies by size, shared by both servers."""
+
+    def __init__(self) -> None:
+        self._by_size: dict[int, bytes] = {}
+
+    def get(self, size: int) -> bytes:
+        if not 0 <= size <= MAX_BODY_BYTES:
+            raise ValueError(size)
+        body = self._by_size.get(size)
+        if body is None:
+            body = self._by_size[size] = _body(size)
+        return body
+
+
+# -- HTTP/1.1, minimal and fast on both ends ------------------------------------------------------
+class _Http1ServerConnection(asyncio.Protocol):
+    def __init__(self, bodies: _Bodies, limits: H2Limits) -> None:
+        self.bodies = bodies
+        self.limits = limits
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.queue: asyncio.Queue[int] = asyncio.Queue(maxsize=100)
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(
+            high=self.limits.write_buffer_high_bytes, low=self.limits.write_buffer_low_bytes
+        )
+        self.task = asyncio.get_running_loop().create_task(self._respond_loop())
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if len(self.buffer) > HEAD_MAX_BYTES:
+            assert self.transport is not None
+            self.transport.abort()
+            return
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+            head = bytes(self.buffer[:end])
+            del self.buffer[: end + 4]
+            path = head.split(b" ", 2)[1]
+            self.queue.put_nowait(int(path.strip(b"/")))
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    async def _respond_loop(self) -> None:
+        transport = self.transport
+        assert transport is not None
+        chunk = self.limits.send_chunk_bytes
+        while True:
+            size = await self.queue.get()
+            view = memoryview(self.bodies.get(size))
+            transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
+            for offset in range(0, size, chunk):
+                if not self.writable.is_set():
+                    await self.writable.wait()
+                transport.write(view[offset : offset + chunk])
+
+
+class Http1Client(asyncio.BufferedProtocol):
+    """Keep-alive HTTP/1.1 GETs on one connection, bodies received in place (see module
+    docstring). Expects ``content-length`` responses (what :class:`_Http1ServerConnection`
+    sends)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.head = bytearray()
+        self.scratch = bytearray(256 * 1024)
+        self.body: bytearray | None = None
+        self.filled = 0
+        self.into_body = False
+        self.done: asyncio.Future[bytes] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.body is not None:
+            self.into_body = True
+            return memoryview(self.body)[self.filled :]
+        self.into_body = False
+        return memoryview(self.scratch)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.into_body:
+            self.filled += nbytes
+        else:
+            self.head += memoryview(self.scratch)[:nbytes]
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            length = 0
+            for line in bytes(self.head[:end]).split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            rest = memoryview(self.head)[end + 4 :]
+            self.body = bytearray(length)
+            self.body[: len(rest)] = rest
+            self.filled = len(rest)
+            rest.release()
+            self.head.clear()
+        if self.body is not None and self.filled == len(self.body):
+            body, self.body = self.body, None
+            if self.done is not None and not self.done.done():
+                self.done.set_result(bytes(body))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError("closed"))
+
+    async def get(self, size: int) -> bytes:
+        assert self.transport is not None
+        self.done = asyncio.get_running_loop().create_future()
+        self.transport.write(b"GET /%d HTTP/1.1\r\nhost: bench\r\n\r\n" % size)
+        return await self.done
+
+
+# -- server process ---------------------------------------------------------------------------
+async def _serve(loop_name: str) -> None:
+    bodies = _Bodies()
+    limits = H2Limits()
+
+    async def handler(request: H2Request) -> H2Response:
+        size = int(request.path.strip("/"))
+        return H2Response(200, [], [memoryview(bodies.get(size))])
+
+    h2_server = H2Server(handler, limits=limits)
+    await h2_server.start()
+    loop = asyncio.get_running_loop()
+    h1_server = await loop.create_server(
+        lambda: _Http1ServerConnection(bodies, limits), "127.0.0.1", 0
+    )
+    h1_port = h1_server.sockets[0].getsockname()[1]
+    print(json.dumps({"h2": h2_server.port, "h1": h1_port}), flush=True)
+    # Serve until stdin closes (the parent exits or closes the pipe).
+    await loop.run_in_executor(None, sys.stdin.read)
+    h1_server.close()
+    await h2_server.close()
+
+
+# -- client -----------------------------------------------------------------------------------
+Fetch = Callable[[int], Awaitable[bytes]]
+
+
+async def _round(fetch: Fetch, size: int, seconds: float, expected: bytes | None) -> float:
+    """MB/s of sequential fetches of ``size`` bytes for about ``seconds``."""
+    total = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while True:
+        body = await fetch(size)
+        if len(body) != size or (expected is not None and body != expected):
+            raise AssertionError(f"wrong body: {len(body)} bytes, expected {size}")
+        total += size
+        now = time.perf_counter()
+        if now >= deadline:
+            return total / (now - start) / 1e6
+
+
+async def _measure(args: argparse.Namespace, ports: dict[str, int]) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    h2 = H2Client("127.0.0.1", ports["h2"])
+    _, h1 = await loop.create_connection(Http1Client, "127.0.0.1", ports["h1"])
+    hx = httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports['h1']}", timeout=60)
+    fetchers: dict[str, Fetch] = {
+        "http1_raw": h1.get,
+        "h2c": lambda n: _h2_get(h2, n),
+    }
+    if not args.no_httpx:
+        fetchers["http1_httpx"] = lambda n: _httpx_get(hx, n)
+    results: dict[str, Any] = {}
+    try:
+        for size_mib in args.sizes_mib:
+            size = int(size_mib * MIB)
+            expected = _body(size) if args.verify else None
+            for fetch in fetchers.values():  # warm up: connections, allocator, caches
+                await _round(fetch, size, 0.3, expected)
+            rounds: dict[str, list[float]] = {name: [] for name in fetchers}
+            for _ in range(args.rounds):
+                for name, fetch in fetchers.items():
+                    rounds[name].append(await _round(fetch, size, args.seconds, expected))
+            medians = {name: statistics.median(v) for name, v in rounds.items()}
+            entry: dict[str, Any] = {
+                "body_bytes": size,
+                "mb_per_s": medians,
+                "rounds_mb_per_s": rounds,
+                "ratio_h2c_to_http1_raw": medians["h2c"] / medians["http1_raw"],
+            }
+            if "http1_httpx" in medians:
+                entry["ratio_h2c_to_http1_httpx"] = medians["h2c"] / medians["http1_httpx"]
+            results[f"{size_mib:g}MiB"] = entry
+            _print_entry(size_mib, entry)
+    finally:
+        await h2.close()
+        await hx.aclose()
+        h1.transport.close() if h1.transport is not None else None
+    return results
+
+
+async def _h2_get(client: H2Client, size: int) -> bytes:
+    response = await client.request("GET", f"/{size}", timeout_s=60)
+    assert response.status == 200 and isinstance(response.body, bytes)
+    return response.body
+
+
+async def _httpx_get(client: httpx.AsyncClient, size: int) -> bytes:
+    response = await client.get(f"/{size}")
+    return response.content
+
+
+def _print_entry(size_mib: float, entry: dict[str, Any]) -> None:
+    m = entry["mb_per_s"]
+    line = (
+        f"{size_mib:g} MiB bodies, one connection: h2c {m['h2c']:.0f} MB/s, "
+        f"HTTP/1.1 (raw) {m['http1_raw']:.0f} MB/s -> ratio {entry['ratio_h2c_to_http1_raw']:.2f}"
+    )
+    if "http1_httpx" in m:
+        line += f"; HTTP/1.1 (httpx) {m['http1_httpx']:.0f} MB/s"
+    print(line, flush=True)
+
+
+def _run(coro_factory: Callable[[], Awaitable[Any]], loop_name: str) -> Any:
+    if loop_name == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro_factory())  # type: ignore[arg-type]
+    return asyncio.run(coro_factory())  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.h2_fetch", description=__doc__)
+    parser.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 16])
+    parser.add_argument("--seconds", type=float, default=2.0, help="per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    parser.add_argument("--verify", action="store_true", help="compare every body's bytes")
+    parser.add_argument("--no-httpx", action="store_true")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        _run(lambda: _serve(args.loop), args.loop)
+        return
+    child = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.h2_fetch", "--serve", "--loop", args.loop],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        ports = json.loads(child.stdout.readline())
+        results = _run(lambda: _measure(args, ports), args.loop)
+    finally:
+        with contextlib.suppress(OSError):
+            if child.stdin is not None:
+                child.stdin.close()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    if args.json:
+        report = {
+            "benchmark": "h2_fetch",
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "loop": args.loop,
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m": os.getloadavg()[0],
+            "seconds_per_round": args.seconds,
+            "rounds": args.rounds,
+            "results": results,
+        }
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
