@@ -58,7 +58,7 @@ class Receiver:
             sid = getattr(event, "stream_id", 0) or 0
             if isinstance(event, h2.events.ResponseReceived):
                 headers = dict(event.headers or [])
-                length = headers.get(b"content-length", headers.get("content-length"))
+                length = headers.get(b"content-length")
                 if length is not None and int(length) > 0:
                     self.sinks[sid] = BodySink(int(length))
             elif isinstance(event, h2.events.DataReceived):

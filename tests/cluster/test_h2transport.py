@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -204,6 +205,13 @@ def test_request_body_at_the_limit_accepted_one_byte_over_refused_413() -> None:
     run(main())
 
 
+def _stream_finished(sid: int, events: list[h2.events.Event]) -> bool:
+    return any(
+        isinstance(e, h2.events.StreamEnded | h2.events.StreamReset) and e.stream_id == sid
+        for e in events
+    )
+
+
 def test_body_over_the_limit_without_content_length_is_refused_mid_stream() -> None:
     """The cap is enforced on the DATA received, not only on content-length."""
     limits = H2Limits(max_request_body_bytes=100_000)
@@ -229,13 +237,7 @@ def test_body_over_the_limit_without_content_length_is_refused_mid_stream() -> N
                     peer.h2.send_data(sid, b"x" * n, end_stream=sent + n == size)
                     sent += n
                     await peer.flush()
-                events = await peer.events_until(
-                    lambda ev, s=sid: any(
-                        isinstance(e, h2.events.StreamEnded | h2.events.StreamReset)
-                        and e.stream_id == s
-                        for e in ev
-                    )
-                )
+                events = await peer.events_until(functools.partial(_stream_finished, sid))
                 statuses = [
                     dict(e.headers)[b":status"]
                     for e in events
@@ -535,5 +537,228 @@ def test_close_is_idempotent_and_a_closed_client_refuses() -> None:
             await client.request("GET", "/", timeout_s=5)
         await server.close()
         await server.close()
+
+    run(main())
+
+
+# -- the zero-copy DATA path over real sockets (cluster.h2frames) -----------------------------
+SMALL_CHUNKS = H2Limits(send_chunk_bytes=16_384)
+
+
+@pytest.mark.parametrize("limits", [DEFAULT_LIMITS, SMALL_CHUNKS], ids=["1MiB-frames", "16KiB"])
+def test_body_sizes_at_the_frame_edges_round_trip_both_ways(limits: H2Limits) -> None:
+    chunk = limits.send_chunk_bytes
+    sizes = [0, 1, chunk - 1, chunk, chunk + 1, 5 * chunk + 3]
+
+    async def main() -> None:
+        async with (
+            serving(
+                echo, H2Limits(max_request_body_bytes=8 * MIB, send_chunk_bytes=chunk)
+            ) as server,
+            client_of(server, limits) as client,
+        ):
+            for size in sizes:
+                body = bytes((i * 7 + size) % 251 for i in range(size))
+                response = await client.request("POST", "/", body=body, timeout_s=10)
+                assert (response.status, response.body) == (200, body)
+            # a response cut into many frames by the server, into several parts by the handler
+            assert server.stats.streams_opened == len(sizes)
+            assert server.stats.body_bytes_sent == sum(sizes)
+
+    run(main())
+
+
+def test_concurrent_large_responses_interleave_on_one_connection_intact() -> None:
+    bodies = {i: hashlib.sha256(str(i).encode()).digest() * (40_000 + 997 * i) for i in range(8)}
+
+    async def handler(request: H2Request) -> H2Response:
+        body = bodies[int(request.path.strip("/"))]
+        view = memoryview(body)
+        return H2Response(200, [], [view[:1000], view[1000:]])
+
+    async def main() -> None:
+        async with serving(handler, SMALL_CHUNKS) as server, client_of(server) as client:
+            responses = await asyncio.gather(
+                *(client.request("GET", f"/{i}", timeout_s=20) for i in bodies)
+            )
+            assert [r.body for r in responses] == list(bodies.values())
+            assert server.stats.connections_open == 1
+
+    run(main())
+
+
+class WindowedPeer(RawPeer):
+    """A client that advertises small windows and acknowledges only when told to, counting
+    what arrives per stream; stock h2 on this side raises if the server oversteps a window."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        super().__init__(reader, writer)
+        self.received: dict[int, bytearray] = {}
+        self.ended: set[int] = set()
+        self.unacked: list[tuple[int, int]] = []
+
+    @classmethod
+    async def open(cls, port: int, *, stream_window: int) -> WindowedPeer:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        peer = cls(reader, writer)
+        peer.h2.initiate_connection()
+        codes = h2.settings.SettingCodes
+        peer.h2.update_settings({codes.INITIAL_WINDOW_SIZE: stream_window})
+        await peer.flush()
+        return peer
+
+    async def read_until(self, done: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not done():
+                await self._read_once()
+
+    async def read_more_than(self, before: int, count: Callable[[], int]) -> None:
+        await self.read_until(lambda: count() > before)
+
+    async def read_briefly(self, quiet_s: float = 0.2) -> None:
+        """Whatever else arrives within quiet_s: only ever finds a violation, never causes a
+        failure by being slow."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(quiet_s):
+                while True:
+                    await self._read_once()
+
+    async def _read_once(self) -> None:
+        data = await self.reader.read(1 << 20)
+        if not data:
+            raise EOFError
+        # stock h2 raises FlowControlError if the server oversteps a window
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.DataReceived) and event.stream_id:
+                assert event.data is not None
+                self.received.setdefault(event.stream_id, bytearray()).extend(event.data)
+                self.unacked.append((event.stream_id, event.flow_controlled_length))
+            elif isinstance(event, h2.events.StreamEnded) and event.stream_id:
+                self.ended.add(event.stream_id)
+        await self.flush()  # SETTINGS acks etc.; no WINDOW_UPDATE unless ack() is called
+
+    async def ack(self) -> None:
+        for sid, n in self.unacked:
+            self.h2.acknowledge_received_data(n, sid)
+        self.unacked.clear()
+        await self.flush()
+
+
+def test_stream_window_exhaustion_stalls_the_sender_and_window_update_resumes_it() -> None:
+    size = 300_000
+    payload = bytes(range(256)) * (size // 256) + b"!" * (size % 256)
+
+    async def handler(request: H2Request) -> H2Response:
+        return H2Response(200, [], payload)
+
+    async def main() -> None:
+        async with serving(handler) as server:
+            peer = await WindowedPeer.open(server.port, stream_window=50_000)
+            sid = peer.open_stream("/")
+            await peer.flush()
+            await peer.read_until(lambda: len(peer.received.get(sid, b"")) >= 50_000)
+            await peer.read_briefly()
+            # exactly the stream window, not a byte more (the connection window is larger)
+            assert len(peer.received[sid]) == 50_000
+            assert sid not in peer.ended
+            while sid not in peer.ended:
+                before = len(peer.received[sid])
+                await peer.ack()  # h2 sends WINDOW_UPDATE once half the window is consumed
+                await peer.read_more_than(before, lambda: len(peer.received[sid]))  # resumed
+            assert bytes(peer.received[sid]) == payload
+            peer.close()
+
+    run(main())
+
+
+def test_connection_window_is_shared_by_streams_and_respected() -> None:
+    """Stream windows large, connection window the default 65 535: two responses together
+    never exceed it until the peer acknowledges (RFC 9113 §6.9.1)."""
+    size = 100_000
+    payload = b"c" * size
+
+    async def handler(request: H2Request) -> H2Response:
+        return H2Response(200, [], payload)
+
+    async def main() -> None:
+        async with serving(handler) as server:
+            peer = await WindowedPeer.open(server.port, stream_window=2**31 - 1)
+            sids = [peer.open_stream("/a"), peer.open_stream("/b")]
+            await peer.flush()
+
+            def total() -> int:
+                return sum(len(v) for v in peer.received.values())
+
+            await peer.read_until(lambda: total() >= 65_535)
+            await peer.read_briefly()
+            assert total() == 65_535
+            while len(peer.ended) < 2:
+                before = total()
+                await peer.ack()
+                await peer.read_more_than(before, total)
+            assert [bytes(peer.received[s]) for s in sids] == [payload, payload]
+            peer.close()
+
+    run(main())
+
+
+def test_a_slow_reader_gets_everything_while_the_server_buffer_stays_bounded() -> None:
+    limits = H2Limits(send_chunk_bytes=256 * 1024)
+    payload = hashlib.sha256(b"slow").digest() * (16 * MIB // 32)
+
+    async def handler(request: H2Request) -> H2Response:
+        return H2Response(200, [], payload)
+
+    async def main() -> None:
+        async with serving(handler, limits) as server:
+            peer = await RawPeer.connect(server.port, big_windows=True)
+            sid = peer.open_stream("/")
+            await peer.flush()
+            body = bytearray()
+            reads = 0
+            while True:
+                data = await peer.reader.read(8192)  # small reads, a yield between them
+                assert data
+                reads += 1
+                done = False
+                for event in peer.h2.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived) and event.stream_id == sid:
+                        assert event.data is not None
+                        body += event.data
+                        peer.h2.acknowledge_received_data(event.flow_controlled_length, sid)
+                    done |= isinstance(event, h2.events.StreamEnded)
+                await peer.flush()
+                await asyncio.sleep(0)
+                if done:
+                    break
+            assert bytes(body) == payload
+            bound = limits.send_chunk_bytes + limits.write_buffer_high_bytes + 64 * 1024
+            assert server.stats.peak_write_buffer_bytes <= bound
+            peer.close()
+
+    run(main())
+
+
+def test_a_response_with_content_length_over_the_cap_is_refused_before_its_body() -> None:
+    cap = 1 * MIB
+
+    async def handler(request: H2Request) -> H2Response:
+        return H2Response(200, [], b"ok" if request.path == "/small" else b"x" * (64 * MIB))
+
+    async def main() -> None:
+        async with serving(handler) as server:
+            client = H2Client(
+                "127.0.0.1", server.port, limits=H2Limits(max_response_body_bytes=cap)
+            )
+            try:
+                with pytest.raises(H2TransportError, match="over"):
+                    await client.request("GET", "/big", timeout_s=10)
+                # reset at the headers: the server stops well short of 64 MiB
+                await wait_until(lambda: server.stats.streams_reset == 1)
+                assert server.stats.body_bytes_sent < 64 * MIB
+                assert (await client.request("GET", "/small", timeout_s=10)).body == b"ok"
+                assert server.stats.connections_open == 1
+            finally:
+                await client.close()
 
     run(main())
