@@ -20,7 +20,7 @@ from cluster.h2base import (
     H2TransportError,
     Handler,
 )
-from cluster.h2client import H2Client
+from cluster.h2client import H2Client, H2UnprocessedError
 from cluster.h2server import H2Server, H2ServerStats
 
 __all__ = [
@@ -31,5 +31,6 @@ __all__ = [
     "H2Server",
     "H2ServerStats",
     "H2TransportError",
+    "H2UnprocessedError",
     "Handler",
 ]

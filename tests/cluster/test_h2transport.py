@@ -762,3 +762,138 @@ def test_a_response_with_content_length_over_the_cap_is_refused_before_its_body(
                 await client.close()
 
     run(main())
+
+
+# -- requests the server did not process are sent again ----------------------------------------
+class ScriptedServer:
+    """A hand-driven h2c server: ``script(conn_index, h2, stream_id)`` decides per request
+    whether to ``answer`` (with the path), ``refuse`` the stream, ``hold`` it or ``close`` the
+    connection; the script may
+    also act on the connection itself (GOAWAY)."""
+
+    def __init__(self, script: Callable[[int, h2.connection.H2Connection, int], str]) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests: list[tuple[int, int, str]] = []  # (connection, stream, path)
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        index = self.connections
+        self.connections += 1
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        try:
+            while data := await reader.read(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        assert event.stream_id is not None and event.headers is not None
+                        path = dict(event.headers)[b":path"].decode()
+                        self.requests.append((index, event.stream_id, path))
+                        action = self.script(index, conn, event.stream_id)
+                        if action == "answer":
+                            body = path.encode()
+                            conn.send_headers(
+                                event.stream_id,
+                                [(":status", "200"), ("content-length", str(len(body)))],
+                            )
+                            conn.send_data(event.stream_id, body, end_stream=True)
+                        elif action == "refuse":
+                            conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                        elif action == "close":
+                            writer.write(conn.data_to_send())
+                            return
+                writer.write(conn.data_to_send())
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+
+def test_a_refused_stream_is_sent_again_and_answered() -> None:
+    refused: set[int] = set()
+
+    def script(index: int, conn: h2.connection.H2Connection, sid: int) -> str:
+        if len(refused) < 2:
+            refused.add(sid)
+            return "refuse"
+        return "answer"
+
+    async def main() -> None:
+        scripted = ScriptedServer(script)
+        port = await scripted.start()
+        client = H2Client("127.0.0.1", port)
+        try:
+            response = await client.request("GET", "/x", timeout_s=10)
+            assert response.body == b"/x"
+            assert client.resends == 2
+            assert [r[2] for r in scripted.requests] == ["/x"] * 3
+        finally:
+            await client.close()
+            await scripted.close()
+
+    run(main())
+
+
+def test_streams_beyond_goaway_last_stream_id_are_sent_again_on_a_new_connection() -> None:
+    seen: list[int] = []
+
+    def script(index: int, conn: h2.connection.H2Connection, sid: int) -> str:
+        if index == 0:
+            seen.append(sid)
+            # the first connection answers nothing until it has two streams, then processes
+            # none of them: GOAWAY with last_stream_id below both
+            if len(seen) == 2:
+                conn.close_connection(last_stream_id=0)
+            return "hold"
+        return "answer"
+
+    async def main() -> None:
+        scripted = ScriptedServer(script)
+        port = await scripted.start()
+        client = H2Client("127.0.0.1", port)
+        try:
+            a, b = await asyncio.gather(
+                client.request("GET", "/a", timeout_s=10), client.request("GET", "/b", timeout_s=10)
+            )
+            assert (a.body, b.body) == (b"/a", b"/b")
+            assert client.resends == 2
+            assert scripted.connections == 2
+            assert sorted(p for c, _, p in scripted.requests if c == 1) == ["/a", "/b"]
+        finally:
+            await client.close()
+            await scripted.close()
+
+    run(main())
+
+
+def test_a_stream_the_server_processed_before_goaway_is_not_sent_again() -> None:
+    def script(index: int, conn: h2.connection.H2Connection, sid: int) -> str:
+        if index == 0:
+            conn.close_connection(last_stream_id=sid)  # taken, then the connection goes
+            return "close"
+        return "answer"
+
+    async def main() -> None:
+        scripted = ScriptedServer(script)
+        port = await scripted.start()
+        client = H2Client("127.0.0.1", port)
+        try:
+            with pytest.raises(H2TransportError):
+                await client.request("POST", "/once", body=b"not idempotent", timeout_s=10)
+            assert client.resends == 0
+            assert len(scripted.requests) == 1
+        finally:
+            await client.close()
+            await scripted.close()
+
+    run(main())
