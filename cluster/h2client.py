@@ -54,7 +54,7 @@ class H2UnprocessedError(H2TransportError):
 class _OutboundStream:
     response: asyncio.Future[H2Response]
     headers: list[tuple[str, str]] = field(default_factory=list)
-    chunks: list[bytes] = field(default_factory=list)
+    chunks: list[bytes | memoryview] = field(default_factory=list)
     size: int = 0
     # The body's preallocated destination when the response announced its content-length.
     sink: BodySink | None = None
@@ -229,7 +229,7 @@ class _ClientConnection(H2Protocol):
             body = stream.sink.take()
             stream.sink = None
         else:
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            body = b"".join(chunks)  # DATA payloads arrive as views (cluster.h2frames)
         headers = [(n, v) for n, v in stream.headers if not n.startswith(":")]
         stream.response.set_result(H2Response(status, headers, body))
         self.wake_senders()

@@ -20,14 +20,16 @@ pending control bytes and payload views in wire order for ``transport.write``.
 Receiving (:class:`FrameReader`): the reader sits between the socket and ``h2`` and cuts the
 inbound stream at frame boundaries (9-byte headers, RFC 9113 §4.1). A DATA frame for a stream
 whose owner registered a :class:`BodySink` (a preallocated ``bytearray`` the size of the
-``content-length``) is received straight into that buffer — with ``asyncio.BufferedProtocol``
+``content-length``; any other DATA frame gets a one-frame sink of its own length) is received
+straight into that buffer — with ``asyncio.BufferedProtocol``
 the kernel writes into it (``recv_into``), no copy at all — and then handed to ``h2`` as a
 parsed ``DataFrame`` whose payload is a memoryview of the sink, so ``h2`` still accounts the
 flow control, checks the stream state and the content-length, and emits the usual
-``DataReceived``/``StreamEnded`` events. Every other frame (and DATA that is padded, on a
-stream without a sink, too large for the sink's room, inside a header block, or larger than
-our SETTINGS_MAX_FRAME_SIZE) is passed to ``h2.receive_data`` unchanged, so ``h2`` validates
-and rejects exactly what it did before.
+``DataReceived``/``StreamEnded`` events (``DataReceived.data`` is then a memoryview, never
+``bytes``). Every other frame (and DATA that is padded, on stream 0, inside a header block,
+or larger than our SETTINGS_MAX_FRAME_SIZE) is passed to ``h2.receive_data`` unchanged, so
+``h2`` validates and rejects exactly what it did before. Memory: a one-frame sink holds at
+most one frame, as ``h2``'s own frame buffer would.
 
 Private ``h2`` API used (pinned ``h2>=4.1,<5``; the transport tests exercise both):
 ``H2Connection._prepare_for_sending`` (overridden), ``H2Connection._receive_frame`` plus
@@ -283,17 +285,20 @@ class FrameReader:
             and length <= max_frame
         ):
             self._flush_forward()  # h2 sees (and we act on) everything before this frame
-            sink = None if self.stopped else self._sink_for(stream_id)
-            if sink is not None and length <= sink.room:
-                self._sink = sink
-                self._sink_start = sink.filled
-                self._sink_length = length
-                self._sink_got = 0
-                self._sink_stream = stream_id
-                self._sink_end_stream = bool(flags & FLAG_END_STREAM)
-                if length == 0:
-                    self._finish_sink_frame()
+            if self.stopped:
                 return
+            sink = self._sink_for(stream_id)
+            if sink is None or length > sink.room:
+                sink = BodySink(length)  # this frame only; h2 judges where it belongs
+            self._sink = sink
+            self._sink_start = sink.filled
+            self._sink_length = length
+            self._sink_got = 0
+            self._sink_stream = stream_id
+            self._sink_end_stream = bool(flags & FLAG_END_STREAM)
+            if length == 0:
+                self._finish_sink_frame()
+            return
         if kind in (TYPE_HEADERS, TYPE_PUSH_PROMISE, TYPE_CONTINUATION):
             self._in_header_block = not flags & FLAG_END_HEADERS
         if length > max_frame:

@@ -64,7 +64,7 @@ class _InboundStream:
     method: str
     path: str
     headers: list[tuple[str, str]]
-    chunks: list[bytes] = field(default_factory=list)
+    chunks: list[bytes | memoryview] = field(default_factory=list)
     size: int = 0
     refused: bool = False  # answered 413 already; ignore the rest
     task: asyncio.Task[None] | None = None
@@ -213,7 +213,7 @@ class _ServerConnection(H2Protocol):
         stream = self._streams.get(sid)
         if stream is None or stream.refused or stream.task is not None:
             return
-        body = stream.chunks[0] if len(stream.chunks) == 1 else b"".join(stream.chunks)
+        body = b"".join(stream.chunks)  # DATA payloads arrive as views (cluster.h2frames)
         stream.chunks = []
         request = H2Request(stream.method, stream.path, stream.headers, body)
         stream.task = self._loop.create_task(self._serve(sid, request))
