@@ -18,6 +18,9 @@ What is compared, and why it is fair:
   (kernel → preallocated buffer → one copy to ``bytes``). It is the fastest reasonable
   HTTP/1.1 read in Python, so the ratio is a lower bound on what h2c costs; an httpx
   HTTP/1.1 figure is printed beside it for scale.
+* Each round also records the CPU seconds client and server spent per 10^9 bytes
+  (``/proc/<pid>/stat`` and ``time.process_time``): on a machine shared with other work the
+  wall-clock figures swing with the load, the CPU cost per byte much less.
 * Rounds alternate protocols (h1, h2, httpx, h1, h2, …) so load from other processes on this
   shared 2-core machine hits both; the figure is each protocol's median round. Every body's
   length is checked; ``--verify`` also compares the bytes.
@@ -39,6 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -212,9 +216,27 @@ async def _serve(loop_name: str) -> None:
 Fetch = Callable[[int], Awaitable[bytes]]
 
 
-async def _round(fetch: Fetch, size: int, seconds: float, expected: bytes | None) -> float:
-    """MB/s of sequential fetches of ``size`` bytes for about ``seconds``."""
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Round:
+    mb_per_s: float
+    client_cpu_s_per_gb: float
+    server_cpu_s_per_gb: float
+
+
+async def _round(
+    fetch: Fetch, size: int, seconds: float, expected: bytes | None, server_pid: int
+) -> Round:
+    """Sequential fetches of ``size`` bytes for about ``seconds``: throughput, and the CPU
+    each side spent per 10^9 bytes (less sensitive than wall time to other load)."""
     total = 0
+    server_cpu = _process_cpu_s(server_pid)
+    client_cpu = time.process_time()
     start = time.perf_counter()
     deadline = start + seconds
     while True:
@@ -224,10 +246,17 @@ async def _round(fetch: Fetch, size: int, seconds: float, expected: bytes | None
         total += size
         now = time.perf_counter()
         if now >= deadline:
-            return total / (now - start) / 1e6
+            gb = total / 1e9
+            return Round(
+                total / (now - start) / 1e6,
+                (time.process_time() - client_cpu) / gb,
+                (_process_cpu_s(server_pid) - server_cpu) / gb,
+            )
 
 
-async def _measure(args: argparse.Namespace, ports: dict[str, int]) -> dict[str, Any]:
+async def _measure(
+    args: argparse.Namespace, ports: dict[str, int], server_pid: int
+) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     h2 = H2Client("127.0.0.1", ports["h2"])
     _, h1 = await loop.create_connection(Http1Client, "127.0.0.1", ports["h1"])
@@ -244,16 +273,27 @@ async def _measure(args: argparse.Namespace, ports: dict[str, int]) -> dict[str,
             size = int(size_mib * MIB)
             expected = _body(size) if args.verify else None
             for fetch in fetchers.values():  # warm up: connections, allocator, caches
-                await _round(fetch, size, 0.3, expected)
-            rounds: dict[str, list[float]] = {name: [] for name in fetchers}
+                await _round(fetch, size, 0.3, expected, server_pid)
+            rounds: dict[str, list[Round]] = {name: [] for name in fetchers}
             for _ in range(args.rounds):
                 for name, fetch in fetchers.items():
-                    rounds[name].append(await _round(fetch, size, args.seconds, expected))
-            medians = {name: statistics.median(v) for name, v in rounds.items()}
+                    rounds[name].append(
+                        await _round(fetch, size, args.seconds, expected, server_pid)
+                    )
+
+            medians = {name: _median(v, "mb_per_s") for name, v in rounds.items()}
+            cpu = {
+                name: {
+                    "client": _median(v, "client_cpu_s_per_gb"),
+                    "server": _median(v, "server_cpu_s_per_gb"),
+                }
+                for name, v in rounds.items()
+            }
             entry: dict[str, Any] = {
                 "body_bytes": size,
                 "mb_per_s": medians,
-                "rounds_mb_per_s": rounds,
+                "cpu_s_per_gb": cpu,
+                "rounds": {name: [asdict(r) for r in v] for name, v in rounds.items()},
                 "ratio_h2c_to_http1_raw": medians["h2c"] / medians["http1_raw"],
             }
             if "http1_httpx" in medians:
@@ -265,6 +305,10 @@ async def _measure(args: argparse.Namespace, ports: dict[str, int]) -> dict[str,
         await hx.aclose()
         h1.transport.close() if h1.transport is not None else None
     return results
+
+
+def _median(rounds: list[Round], attr: str) -> float:
+    return float(statistics.median(float(getattr(r, attr)) for r in rounds))
 
 
 async def _h2_get(client: H2Client, size: int) -> bytes:
@@ -287,6 +331,11 @@ def _print_entry(size_mib: float, entry: dict[str, Any]) -> None:
     if "http1_httpx" in m:
         line += f"; HTTP/1.1 (httpx) {m['http1_httpx']:.0f} MB/s"
     print(line, flush=True)
+    for name, cpu in entry["cpu_s_per_gb"].items():
+        print(
+            f"    {name:12} CPU per GB: client {cpu['client']:.2f} s, server {cpu['server']:.2f} s",
+            flush=True,
+        )
 
 
 def _run(coro_factory: Callable[[], Awaitable[Any]], loop_name: str) -> Any:
@@ -320,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         assert child.stdout is not None
         ports = json.loads(child.stdout.readline())
-        results = _run(lambda: _measure(args, ports), args.loop)
+        results = _run(lambda: _measure(args, ports, child.pid), args.loop)
     finally:
         with contextlib.suppress(OSError):
             if child.stdin is not None:
