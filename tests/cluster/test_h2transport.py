@@ -568,6 +568,27 @@ def test_body_sizes_at_the_frame_edges_round_trip_both_ways(limits: H2Limits) ->
     run(main())
 
 
+def test_the_zero_copy_path_under_uvloop_which_the_brokers_run_on() -> None:
+    """uvloop's transports are not asyncio's: BufferedProtocol reads and memoryview writes."""
+    uvloop = pytest.importorskip("uvloop")
+    sizes = [0, 1, 16_384, 3 * MIB + 5]
+
+    async def main() -> None:
+        async with (
+            serving(echo, H2Limits(max_request_body_bytes=4 * MIB)) as server,
+            client_of(server, SMALL_CHUNKS) as client,
+        ):
+            assert "uvloop" in type(asyncio.get_running_loop()).__module__
+            for size in sizes:
+                body = hashlib.sha256(str(size).encode()).digest() * (size // 32) + b"t" * (
+                    size % 32
+                )
+                response = await client.request("POST", "/", body=body, timeout_s=10)
+                assert response.body == body
+
+    uvloop.run(asyncio.wait_for(main(), 30))
+
+
 def test_concurrent_large_responses_interleave_on_one_connection_intact() -> None:
     bodies = {i: hashlib.sha256(str(i).encode()).digest() * (40_000 + 997 * i) for i in range(8)}
 
