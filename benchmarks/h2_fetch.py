@@ -190,9 +190,9 @@ class Http1Client(asyncio.BufferedProtocol):
 
 
 # -- server process ---------------------------------------------------------------------------
-async def _serve(loop_name: str) -> None:
+async def _serve(loop_name: str, chunk_bytes: int) -> None:
     bodies = _Bodies()
-    limits = H2Limits()
+    limits = H2Limits(send_chunk_bytes=chunk_bytes)
 
     async def handler(request: H2Request) -> H2Response:
         size = int(request.path.strip("/"))
@@ -352,16 +352,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    parser.add_argument(
+        "--chunk-mib",
+        type=float,
+        default=H2Limits().send_chunk_bytes / MIB,
+        help="largest write (h2c: DATA frame) both servers make (default: H2Limits')",
+    )
     parser.add_argument("--verify", action="store_true", help="compare every body's bytes")
     parser.add_argument("--no-httpx", action="store_true")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        _run(lambda: _serve(args.loop), args.loop)
+        _run(lambda: _serve(args.loop, int(args.chunk_mib * MIB)), args.loop)
         return
     child = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.h2_fetch", "--serve", "--loop", args.loop],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.h2_fetch",
+            "--serve",
+            "--loop",
+            args.loop,
+            "--chunk-mib",
+            str(args.chunk_mib),
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -388,6 +403,7 @@ def main(argv: list[str] | None = None) -> None:
             "load_avg_1m": os.getloadavg()[0],
             "seconds_per_round": args.seconds,
             "rounds": args.rounds,
+            "chunk_bytes": int(args.chunk_mib * MIB),
             "results": results,
         }
         args.json.write_text(json.dumps(report, indent=2) + "\n")
