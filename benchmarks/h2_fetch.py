@@ -21,6 +21,10 @@ What is compared, and why it is fair:
 * Each round also records the CPU seconds client and server spent per 10^9 bytes
   (``/proc/<pid>/stat`` and ``time.process_time``): on a machine shared with other work the
   wall-clock figures swing with the load, the CPU cost per byte much less.
+* ``h2c_replica_wire`` is the replication fetch's own format over the same h2c connection:
+  a ``cluster.replica_wire`` request for 16 partitions, answered with the JSON header and
+  16 buffers of batches (slices of the same body: the leader's log reads and the follower's
+  appends are not measured), decoded as ``ReplicaManager`` decodes it.
 * Rounds alternate protocols (h1, h2, httpx, h1, h2, …) so load from other processes on this
   shared 2-core machine hits both; the figure is each protocol's median round. Every body's
   length is checked; ``--verify`` also compares the bytes.
@@ -48,9 +52,14 @@ from typing import Any, cast
 
 import httpx
 
+from cluster import replica_wire as wire
 from cluster.h2transport import H2Client, H2Limits, H2Request, H2Response, H2Server
+from cluster.replication import FetchPosition, PartitionFetchAnswer
 
 MIB = 1024 * 1024
+# Partitions per replication fetch in the replica_wire variant: a follower of 16 partitions
+# of one leader, each answering an equal share.
+REPLICA_PARTITIONS = 16
 MAX_BODY_BYTES = 256 * MIB
 HEAD_MAX_BYTES = 16 * 1024
 
@@ -189,12 +198,48 @@ class Http1Client(asyncio.BufferedProtocol):
         return await self.done
 
 
+# -- the replication fetch's wire format --------------------------------------------------------
+def _replica_answer(bodies: _Bodies, req: wire.ReplicaFetchRequest) -> H2Response:
+    """What a leader answers (cluster.replica_wire): a JSON header, then every partition's raw
+    batches as separate buffers, here slices of one preallocated body (the leader's log reads
+    are not part of this measurement)."""
+    per_partition = req.partition_max_bytes
+    body = memoryview(bodies.get(per_partition * len(req.positions)))
+    answers = []
+    buffers: list[bytes | memoryview] = []
+    for i, (tp, position) in enumerate(req.positions.items()):
+        end = position.fetch_offset + 1000
+        answers.append((tp, PartitionFetchAnswer(None, end, 0, end, records_bytes=per_partition)))
+        buffers.append(body[i * per_partition : (i + 1) * per_partition])
+    header = wire.encode_answer(answers)
+    return H2Response(200, [("content-type", wire.CONTENT_TYPE)], [header, *buffers])
+
+
+async def _replica_get(client: H2Client, size: int) -> int:
+    """One replication fetch of ``REPLICA_PARTITIONS`` partitions totalling ``size`` bytes of
+    batches, decoded as ReplicaManager decodes it; returns the batch bytes received."""
+    per_partition = size // REPLICA_PARTITIONS
+    req = wire.ReplicaFetchRequest(
+        2,
+        1,
+        0,
+        size,
+        per_partition,
+        {(f"t{i}", 0): FetchPosition(i * 1000, 1, 1) for i in range(REPLICA_PARTITIONS)},
+    )
+    response = await client.request("POST", wire.PATH, body=wire.encode_request(req), timeout_s=60)
+    assert response.status == 200 and isinstance(response.body, bytes)
+    return sum(len(data) for _, _, data in wire.decode_answer(response.body))
+
+
 # -- server process ---------------------------------------------------------------------------
 async def _serve(loop_name: str, chunk_bytes: int) -> None:
     bodies = _Bodies()
     limits = H2Limits(send_chunk_bytes=chunk_bytes)
 
     async def handler(request: H2Request) -> H2Response:
+        if request.path == wire.PATH:
+            return _replica_answer(bodies, wire.decode_request(request.body))
         size = int(request.path.strip("/"))
         return H2Response(200, [], [memoryview(bodies.get(size))])
 
@@ -213,7 +258,8 @@ async def _serve(loop_name: str, chunk_bytes: int) -> None:
 
 
 # -- client -----------------------------------------------------------------------------------
-Fetch = Callable[[int], Awaitable[bytes]]
+# A fetch returns the body, or (replica_wire) the number of batch bytes it decoded.
+Fetch = Callable[[int], Awaitable[bytes | int]]
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -241,8 +287,9 @@ async def _round(
     deadline = start + seconds
     while True:
         body = await fetch(size)
-        if len(body) != size or (expected is not None and body != expected):
-            raise AssertionError(f"wrong body: {len(body)} bytes, expected {size}")
+        got = body if isinstance(body, int) else len(body)
+        if got != size or (expected is not None and isinstance(body, bytes) and body != expected):
+            raise AssertionError(f"wrong body: {got} bytes, expected {size}")
         total += size
         now = time.perf_counter()
         if now >= deadline:
@@ -264,6 +311,7 @@ async def _measure(
     fetchers: dict[str, Fetch] = {
         "http1_raw": h1.get,
         "h2c": lambda n: _h2_get(h2, n),
+        "h2c_replica_wire": lambda n: _replica_get(h2, n),
     }
     if not args.no_httpx:
         fetchers["http1_httpx"] = lambda n: _httpx_get(hx, n)
@@ -298,6 +346,9 @@ async def _measure(
             }
             if "http1_httpx" in medians:
                 entry["ratio_h2c_to_http1_httpx"] = medians["h2c"] / medians["http1_httpx"]
+            entry["ratio_h2c_replica_wire_to_http1_raw"] = (
+                medians["h2c_replica_wire"] / medians["http1_raw"]
+            )
             results[f"{size_mib:g}MiB"] = entry
             _print_entry(size_mib, entry)
     finally:
@@ -330,6 +381,10 @@ def _print_entry(size_mib: float, entry: dict[str, Any]) -> None:
     )
     if "http1_httpx" in m:
         line += f"; HTTP/1.1 (httpx) {m['http1_httpx']:.0f} MB/s"
+    line += (
+        f"; replication fetch ({REPLICA_PARTITIONS} partitions, replica_wire) over h2c "
+        f"{m['h2c_replica_wire']:.0f} MB/s -> ratio {entry['ratio_h2c_replica_wire_to_http1_raw']:.2f}"
+    )
     print(line, flush=True)
     for name, cpu in entry["cpu_s_per_gb"].items():
         print(

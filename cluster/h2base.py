@@ -21,7 +21,8 @@ Without this, h2c on one connection ran at 0.06 times an HTTP/1.1 read of the sa
 with it, about 0.75 (1 MiB bodies) to 0.9-1.0 (16 MiB) times
 (``python -m benchmarks.h2_fetch``, docs/benchmarks.md).
 
-Backpressure: a body is sent ``send_chunk_bytes`` (1 MiB) per DATA frame; after each frame the
+Backpressure: a body is sent ``send_chunk_bytes`` (1 MiB) per DATA frame (small buffers of
+one body share frames); after each frame the
 sender waits while the transport is paused (its buffer is over ``write_buffer_high_bytes``),
 so a peer that stops reading holds at most about one chunk plus the high-water mark in our
 buffer. A send that cannot progress (paused transport or exhausted window) for
@@ -310,35 +311,40 @@ class H2Protocol(asyncio.BufferedProtocol):
         peer); raises :class:`H2TransportError` if the connection closed or stalled."""
         chunk_cap = self.limits.send_chunk_bytes
         views = [memoryview(p).cast("B") for p in parts if len(p)]
-        for index, view in enumerate(views):
-            last_part = index == len(views) - 1
-            offset = 0
-            size = len(view)
-            while offset < size:
-                if not self._writable.is_set():
-                    await self._wait_progress(self._writable.wait())
-                if self.closed:
-                    raise H2TransportError("connection closed while sending")
-                if is_done():
-                    return False
-                try:
-                    window = self.h2.local_flow_control_window(stream_id)
-                except h2.exceptions.StreamClosedError:
-                    return False
-                n = min(size - offset, window, self.h2.max_outbound_frame_size, chunk_cap)
-                if n <= 0:
-                    await self._wait_progress(asyncio.shield(self._progress))
-                    continue
-                end = offset + n
-                try:
-                    self.h2.send_payload(
-                        stream_id, view[offset:end], end_stream=last_part and end == size
-                    )
-                except h2.exceptions.StreamClosedError:
-                    return False
-                offset = end
-                self.flush()
-                self.on_body_sent(n)
+        total = sum(len(v) for v in views)
+        sent = index = offset = 0  # bytes sent; position: views[index][offset]
+        while sent < total:
+            if not self._writable.is_set():
+                await self._wait_progress(self._writable.wait())
+            if self.closed:
+                raise H2TransportError("connection closed while sending")
+            if is_done():
+                return False
+            try:
+                window = self.h2.local_flow_control_window(stream_id)
+            except h2.exceptions.StreamClosedError:
+                return False
+            n = min(total - sent, window, self.h2.max_outbound_frame_size, chunk_cap)
+            if n <= 0:
+                await self._wait_progress(asyncio.shield(self._progress))
+                continue
+            frame: list[memoryview] = []
+            need = n
+            while need:
+                view = views[index]
+                take = min(len(view) - offset, need)
+                frame.append(view if take == len(view) else view[offset : offset + take])
+                need -= take
+                offset += take
+                if offset == len(view):
+                    index, offset = index + 1, 0
+            try:
+                self.h2.send_payload(stream_id, frame, end_stream=sent + n == total)
+            except h2.exceptions.StreamClosedError:
+                return False
+            sent += n
+            self.flush()
+            self.on_body_sent(n)
         if not views:
             try:
                 self.h2.end_stream(stream_id)

@@ -74,16 +74,19 @@ def data_frame_header(length: int, stream_id: int, *, end_stream: bool) -> bytes
 
 
 class Payload:
-    """A body slice passed through ``h2.send_data`` without being copied: ``h2`` only asks
-    its ``len()``; :class:`ZeroCopyH2Connection` puts the view on the wire."""
+    """A DATA frame's payload passed through ``h2.send_data`` without being copied: ``h2``
+    only asks its ``len()``; :class:`ZeroCopyH2Connection` puts the views on the wire, one
+    after another behind one header (a replication answer is a JSON header and one buffer of
+    batches per partition: many small buffers make one frame, not one frame each)."""
 
-    __slots__ = ("view",)
+    __slots__ = ("length", "views")
 
-    def __init__(self, view: memoryview) -> None:
-        self.view = view
+    def __init__(self, views: list[memoryview]) -> None:
+        self.views = views
+        self.length = sum(len(v) for v in views)
 
     def __len__(self) -> int:
-        return len(self.view)
+        return self.length
 
 
 class InPlaceDataFrame(DataFrame):
@@ -109,9 +112,13 @@ class ZeroCopyH2Connection(H2Connection):
         self._frame_dispatch_table[InPlaceDataFrame] = self._frame_dispatch_table[DataFrame]
         self._views: list[bytes | memoryview] = []
 
-    def send_payload(self, stream_id: int, view: memoryview, *, end_stream: bool) -> None:
-        """``send_data`` for a body slice, with every check of ``send_data``."""
-        self.send_data(stream_id, cast(bytes, Payload(view)), end_stream=end_stream)
+    def send_payload(
+        self, stream_id: int, views: memoryview | list[memoryview], *, end_stream: bool
+    ) -> None:
+        """``send_data`` for one frame made of body slices, with every check of
+        ``send_data`` (window, frame size, stream state)."""
+        payload = Payload([views] if isinstance(views, memoryview) else views)
+        self.send_data(stream_id, cast(bytes, payload), end_stream=end_stream)
 
     def _prepare_for_sending(self, frames: list[Frame]) -> None:
         for frame in frames:
@@ -122,7 +129,7 @@ class ZeroCopyH2Connection(H2Connection):
                     self._views.append(pending)
                 end = "END_STREAM" in frame.flags
                 self._views.append(data_frame_header(len(data), frame.stream_id, end_stream=end))
-                self._views.append(data.view)
+                self._views.extend(data.views)
             else:
                 super()._prepare_for_sending([frame])
 

@@ -385,3 +385,29 @@ def test_payload_beyond_the_window_or_frame_size_is_refused_before_anything_is_q
         ours.send_payload(sid, memoryview(b"x"), end_stream=True)
     wire = b"".join(bytes(p) for p in ours.take_output())
     assert len(wire) == 4 * FRAME_HEADER_BYTES + 65_535
+
+
+def test_several_buffers_make_one_data_frame() -> None:
+    """A replication answer (JSON header + one buffer per partition) leaves as one frame."""
+    stock = H2Connection(H2Configuration(client_side=True))
+    ours = ZeroCopyH2Connection(H2Configuration(client_side=False))
+    stock.initiate_connection()
+    _settings(stock)
+    ours.initiate_connection()
+    ours.receive_data(stock.data_to_send())
+    stock.receive_data(b"".join(bytes(p) for p in ours.take_output()))
+    sid = stock.get_next_available_stream_id()
+    stock.send_headers(
+        sid,
+        [(":method", "GET"), (":scheme", "http"), (":authority", "x"), (":path", "/")],
+        end_stream=True,
+    )
+    ours.receive_data(stock.data_to_send())
+    parts = [b"header", b"", b"a" * 1000, b"b" * 70_000, b"c"]
+    ours.send_headers(sid, [(":status", "200")])
+    ours.send_payload(sid, [memoryview(p) for p in parts], end_stream=True)
+    out = ours.take_output()
+    assert [p for p in out if isinstance(p, memoryview)] == [memoryview(p) for p in parts]
+    events = stock.receive_data(b"".join(bytes(p) for p in out))
+    data = [e.data for e in events if isinstance(e, h2.events.DataReceived)]
+    assert data == [b"".join(parts)]

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import random
 import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
@@ -19,6 +20,8 @@ import h2.connection
 import h2.events
 import h2.settings
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cluster.h2transport import (
     H2Client,
@@ -916,5 +919,31 @@ def test_a_stream_the_server_processed_before_goaway_is_not_sent_again() -> None
         finally:
             await client.close()
             await scripted.close()
+
+    run(main())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    part_sizes=st.lists(st.integers(0, 40_000), min_size=0, max_size=24),
+    chunk=st.sampled_from([1000, 16_384, 65_536, MIB]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_any_parts_and_frame_size_round_trip_byte_identical(
+    part_sizes: list[int], chunk: int, seed: int
+) -> None:
+    """Random buffers per response, cut into random frame sizes: the body arrives intact."""
+    rng = random.Random(seed)
+    parts = [rng.randbytes(n) for n in part_sizes]
+    limits = H2Limits(send_chunk_bytes=chunk)
+
+    async def handler(request: H2Request) -> H2Response:
+        return H2Response(200, [], [memoryview(p) for p in parts])
+
+    async def main() -> None:
+        async with serving(handler, limits) as server, client_of(server) as client:
+            response = await client.request("GET", "/", timeout_s=20)
+            assert response.body == b"".join(parts)
+            assert server.stats.body_bytes_sent == sum(part_sizes)
 
     run(main())
