@@ -381,9 +381,10 @@ def _print_entry(size_mib: float, entry: dict[str, Any]) -> None:
     )
     if "http1_httpx" in m:
         line += f"; HTTP/1.1 (httpx) {m['http1_httpx']:.0f} MB/s"
+    ratio = entry["ratio_h2c_replica_wire_to_http1_raw"]
     line += (
         f"; replication fetch ({REPLICA_PARTITIONS} partitions, replica_wire) over h2c "
-        f"{m['h2c_replica_wire']:.0f} MB/s -> ratio {entry['ratio_h2c_replica_wire_to_http1_raw']:.2f}"
+        f"{m['h2c_replica_wire']:.0f} MB/s -> ratio {ratio:.2f}"
     )
     print(line, flush=True)
     for name, cpu in entry["cpu_s_per_gb"].items():
