@@ -18,7 +18,7 @@ is written as a 9-byte header plus a memoryview of the caller's buffer, and the 
 ``asyncio.BufferedProtocol`` whose reads land directly in the preallocated body of a response
 that announced its ``content-length``; ``h2`` still owns every window and stream state.
 Without this, h2c on one connection ran at 0.06 times an HTTP/1.1 read of the same bytes;
-with it, about 0.75 (1 MiB bodies) to 0.9-1.0 (16 MiB) times
+with it, 0.5-0.75 times with 1 MiB bodies and 0.8-0.95 with 16 MiB on a loaded 2-core box
 (``python -m benchmarks.h2_fetch``, docs/benchmarks.md).
 
 Backpressure: a body is sent ``send_chunk_bytes`` (1 MiB) per DATA frame (small buffers of
