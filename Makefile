@@ -76,6 +76,10 @@ bench-storage: $(RUN_STAMP)
 bench-spark: $(SPARK_STAMP)
 	$(BIN)/python -m benchmarks.spark --json docs/bench-spark.json
 
+# HTTP/2 replication transport: h2c vs HTTP/1.1 on one connection (cluster/h2frames.py).
+bench-h2: $(RUN_STAMP)
+	$(BIN)/python -m benchmarks.h2_fetch --json docs/bench-h2.json
+
 # The click-stream example against a running broker (make run): produce, then count.
 example-spark: $(SPARK_STAMP)
 	$(BIN)/python -m examples.clickstream.produce_clicks --url http://$(HOST):$(PORT)
