@@ -44,6 +44,7 @@ _PARTITION_EXAMPLE: JsonDict = {
     "log_start_offset": 0,
     "high_watermark": 42,
     "log_end_offset": 42,
+    "unclean_elections": 0,
 }
 _TOPIC_EXAMPLE: JsonDict = {
     "name": "orders",
@@ -81,6 +82,11 @@ class PartitionPublic(BaseModel):
     log_start_offset: int
     high_watermark: int
     log_end_offset: int
+    unclean_elections: int = Field(
+        0,
+        description="leaders elected from outside the ISR so far "
+        "(unclean.leader.election.enable): each may have lost acknowledged records",
+    )
 
 
 class TopicPublic(BaseModel):

@@ -187,7 +187,6 @@ class ReplicaManager:
         async with self._apply_lock:
             self.brokers = {b.broker_id: b for b in brokers}
             rows = {(r.topic, r.partition): r for t in topics for r in t.assignments}
-            configs = {t.name: t for t in topics}
             for listener in self.on_topics:
                 listener(topics)
             for t in topics:
@@ -205,7 +204,7 @@ class ReplicaManager:
                     continue
                 part = await self._local(tp)
                 config = self.log_config(tp[0])
-                fsync = configs[tp[0]].configs.get("durability") == "fsync"
+                fsync = config.fsync_durability
                 if row.leader == self.me:
                     await self._lead(tp, row, part, config, fsync)
                 elif row.leader != NO_LEADER:
@@ -247,6 +246,7 @@ class ReplicaManager:
         state = _state(row)
         current = self.leading.get(tp)
         if current is not None and current.replica.leader_epoch == row.leader_epoch:
+            current.fsync = current.replica.fsync_durability = fsync  # the config may change
             if row.partition_epoch > current.replica.state.partition_epoch:
                 current.replica.apply(state)
                 self._advance(current)
@@ -278,6 +278,7 @@ class ReplicaManager:
             and current.replica.leader_epoch == row.leader_epoch
         ):
             current.backoff = False
+            current.fsync = fsync  # the topic's durability may have been altered
             return
         await self._stop_roles(tp, "following")
         self.following[tp] = Following(

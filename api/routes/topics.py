@@ -64,6 +64,7 @@ def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
                 log_start_offset=p.log_start_offset if p else -1,
                 high_watermark=p.high_watermark if p else -1,
                 log_end_offset=p.log_end_offset if p else -1,
+                unclean_elections=a.unclean_elections,
             )
         )
     return out
