@@ -27,7 +27,9 @@ server is installed).
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -38,6 +40,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
+import api.process
 from api.process import BrokerProcess
 from cluster.metadata import MetadataStore, PartitionMeta
 from core_log.batch import scan_batches
@@ -156,7 +159,11 @@ def with_cont(b: BrokerProcess) -> None:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, metadata_url: str) -> Iterator[Cluster]:
+def cluster(
+    tmp_path: Path, metadata_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Cluster]:
+    # Three brokers importing the app at once on a shared 2-core machine can take > 30 s.
+    monkeypatch.setattr(api.process, "STARTUP_TIMEOUT_S", 120.0)
     c = Cluster(tmp_path, metadata_url)
     try:
         yield c
@@ -218,12 +225,15 @@ def log_bytes(data_dir: Path, topic: str, below: int, p: int = 0) -> bytes:
     return bytes(out)
 
 
-def assert_converged(c: Cluster, topic: str, replicas: list[int]) -> int:
+def assert_converged(
+    c: Cluster, topic: str, replicas: list[int]
+) -> tuple[int, list[tuple[int, Any]]]:
     """Wait until every replica is in the ISR with the leader's log end and high watermark,
-    stop them all (a clean shutdown), and compare their logs below that high watermark byte
-    for byte. Returns the high watermark."""
+    read the partition through the leader, stop the replicas (a clean shutdown) and compare
+    their logs below that high watermark byte for byte. Returns the high watermark and what
+    was read."""
 
-    def probe() -> int | None:
+    def probe() -> tuple[int, int] | None:
         row = c.row(topic)
         if row.leader < 0 or sorted(row.isr) != sorted(replicas):
             return None
@@ -232,9 +242,10 @@ def assert_converged(c: Cluster, topic: str, replicas: list[int]) -> int:
         if len(ends) != 1:
             return None
         leo, hw = ends.pop()
-        return hw if hw == leo else None
+        return (hw, row.leader) if hw == leo else None
 
-    hw = eventually(probe, f"{topic}: replicas {replicas} converged")
+    hw, leader = eventually(probe, f"{topic}: replicas {replicas} converged")
+    read = read_all(c.http(leader), topic)
     for i in replicas:
         c.brokers[i].stop()
     logs = {i: log_bytes(c.brokers[i].data_dir, topic, hw) for i in replicas}
@@ -242,7 +253,7 @@ def assert_converged(c: Cluster, topic: str, replicas: list[int]) -> int:
     assert len(first) > 0
     for i in replicas[1:]:
         assert logs[i] == first, f"broker {i}'s log differs from broker {replicas[0]}'s below {hw}"
-    return hw
+    return hw, read
 
 
 def assert_exactly_once(acked: list[str], read: list[tuple[int, Any]]) -> None:
@@ -258,14 +269,38 @@ def assert_exactly_once(acked: list[str], read: list[tuple[int, Any]]) -> None:
 # -- durability=fsync: power loss of every broker ------------------------------------------------
 
 
-def _produce_until_killed(c: Cluster, topic: str, leader: int, batches: int) -> list[str]:
-    acked: list[str] = []
-    for n in range(batches):
-        values = [f"r{n}-{k}" for k in range(5)]
-        r = produce(c.http(leader), topic, values)
-        assert r is not None and r.status_code == 200, r.text if r is not None else "no answer"
-        acked.extend(values)
-    return acked
+class Writer:
+    """Produces acks=all batches of 5 records to one broker from a thread, one request at a
+    time, until told to stop; remembers what was acknowledged."""
+
+    def __init__(self, base: str | Callable[[], str | None], topic: str) -> None:
+        self.target = base if callable(base) else (lambda: base)
+        self.topic = topic
+        self.acked: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            values = [f"r{n}-{k}" for k in range(5)]
+            n += 1
+            base = self.target()
+            if base is None:
+                self.stop.wait(0.05)  # no leader right now: ask again shortly
+                continue
+            r = produce(base, self.topic, values)
+            if r is not None and r.status_code == 200:
+                self.acked.extend(values)
+
+    def __enter__(self) -> Writer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive()
 
 
 @pytest.mark.parametrize("durability", ["fsync", "replicated"])
@@ -279,26 +314,32 @@ def test_power_loss_of_every_broker(cluster: Cluster, durability: str) -> None:
         {"min.insync.replicas": "2", "durability": durability, "flush.ms": "3600000"},
     )
     row = c.wait_leader("d", lambda r: len(r.isr) == 3)
-    acked = _produce_until_killed(c, "d", row.leader, 40)
-    c.kill(1, 2, 3)
+    with Writer(c.http(row.leader), "d") as w:
+        # Kill while writes are in flight, once a good number were acknowledged.
+        eventually(lambda: len(w.acked) >= 150 or None, "150 acknowledged records")
+        c.kill(1, 2, 3)
+    acked = list(w.acked)
     dropped = {i: drop_unsynced(c.brokers[i].data_dir, c.journal(i)) for i in c.brokers}
     c.start()
-    after = c.wait_leader("d")
+    c.wait_leader("d")
     if durability == "fsync":
-        hw = assert_converged_live(c, "d")
-        read = read_all(c.http(after.leader), "d")
+        hw, leader = assert_converged_live(c, "d")
+        read = read_all(c.http(leader), "d")
         assert len(read) == hw
         assert_exactly_once(acked, read)
     else:
         # The control: the simulation bites. Nothing was fsynced, so everything goes.
         assert sum(dropped.values()) > 0
-        read = read_all(c.http(after.leader), "d")
+        _, leader = assert_converged_live(c, "d")
+        read = read_all(c.http(leader), "d")
         lost = set(acked) - {v for _, v in read}
         assert lost, "the page-cache-loss simulation lost nothing: it does not bite"
 
 
-def assert_converged_live(c: Cluster, topic: str) -> int:
-    def probe() -> int | None:
+def assert_converged_live(c: Cluster, topic: str) -> tuple[int, int]:
+    """(high watermark, leader) once every replica is in the ISR and caught up."""
+
+    def probe() -> tuple[int, int] | None:
         row = c.row(topic)
         if row.leader < 0 or len(row.isr) != len(row.replicas):
             return None
@@ -307,6 +348,203 @@ def assert_converged_live(c: Cluster, topic: str) -> int:
         if len(ends) != 1:
             return None
         leo, hw = ends.pop()
-        return hw if hw == leo else None
+        return (hw, row.leader) if hw == leo else None
 
     return eventually(probe, f"{topic}: every replica caught up")
+
+
+# -- KIP-101 ---------------------------------------------------------------------------------------
+
+
+def _pair(c: Cluster, topic: str) -> tuple[int, int]:
+    row = c.wait_leader(topic, lambda r: len(r.isr) == 2)
+    follower = next(b for b in row.replicas if b != row.leader)
+    return row.leader, follower
+
+
+def _acked(c: Cluster, broker: int, topic: str, prefix: str, n: int) -> list[str]:
+    acked: list[str] = []
+    for k in range(n):
+        values = [f"{prefix}{k}-{j}" for j in range(3)]
+        r = produce(c.http(broker), topic, values)
+        assert r is not None and r.status_code == 200, r.text if r is not None else "no answer"
+        acked.extend(values)
+    return acked
+
+
+def test_kip101_follower_restarts_with_a_stale_high_watermark_and_the_leader_dies(
+    cluster: Cluster,
+) -> None:
+    """Kafka before KIP-101 truncated a restarting follower to its high watermark; had the
+    leader died before the follower fetched again, the follower led without records that
+    were acknowledged. Here the follower's high watermark on disk is stale by construction
+    (checkpoints are written every 60 s; the test takes seconds) and the leader is gone
+    before the follower is back, so it never hears the high watermark: it must lead with its
+    whole log."""
+    c = cluster
+    c.start()
+    c.create_topic("a", 2, {"min.insync.replicas": "1"})
+    leader, follower = _pair(c, "a")
+    acked = _acked(c, leader, "a", "m", 20)  # acks=all: the follower holds them all
+    c.kill(follower, leader)
+    c.start(follower)
+    row = c.wait_leader("a", lambda r: r.leader == follower)
+    assert partitions(c.http(follower), "a")[0]["log_end_offset"] >= len(acked)
+    acked += _acked(c, follower, "a", "n", 5)
+    c.start(leader)
+    hw, read = assert_converged(c, "a", sorted(row.replicas))
+    assert len(read) == hw
+    assert_exactly_once(acked, read)
+
+
+def test_kip101_both_crash_and_the_lagging_replica_leads_first(cluster: Cluster) -> None:
+    """The leader holds a suffix the follower never fetched (acks=1, so not acknowledged by
+    the acks=all rule); both crash, the lagging follower comes back first and leads a new
+    epoch, writing other records at the same offsets. The old leader must truncate its
+    suffix by leader epoch (not keep it, not cut by its high watermark) and converge."""
+    c = cluster
+    c.start()
+    c.create_topic("b", 2, {"min.insync.replicas": "1"})
+    leader, follower = _pair(c, "b")
+    acked = _acked(c, leader, "b", "m", 10)
+    f_proc = c.brokers[follower].proc
+    assert f_proc is not None
+    os.kill(f_proc.pid, signal.SIGSTOP)  # it stops fetching: lagging, yet still in the ISR
+    r = produce(c.http(leader), "b", [f"u{k}" for k in range(7)], acks="1")
+    assert r is not None and r.status_code == 200, r.text if r is not None else "no answer"
+    c.kill(leader, follower)
+    # The store still counts the lagging follower in the ISR (it was stopped for well under
+    # the session timeout), so it may lead cleanly.
+    assert follower in c.row("b").isr or follower == c.row("b").leader
+    c.start(follower)
+    c.wait_leader("b", lambda r: r.leader == follower)
+    assert partitions(c.http(follower), "b")[0]["log_end_offset"] == len(acked)
+    acked += _acked(c, follower, "b", "n", 5)  # the same offsets the unacknowledged suffix had
+    c.start(leader)
+    hw, read = assert_converged(c, "b", sorted([leader, follower]))
+    assert len(read) == hw == len(acked)
+    assert_exactly_once(acked, read)
+    assert not any(str(v).startswith("u") for _, v in read)
+
+
+def test_fast_double_leader_change_converges(cluster: Cluster) -> None:
+    """Two leader changes in quick succession while a writer follows the leader: the first
+    new leader is killed as soon as it leads. After everything restarts, the three logs are
+    byte-identical below the high watermark and every acknowledged record is there once."""
+    c = cluster
+    c.start()
+    c.create_topic("c", 3, {"min.insync.replicas": "1"})
+    first = c.wait_leader("c", lambda r: len(r.isr) == 3)
+
+    def leader_url() -> str | None:
+        row = c.row("c")
+        b = c.brokers.get(row.leader)
+        return b.url if b is not None and b.proc is not None else None
+
+    with Writer(leader_url, "c") as w:
+        eventually(lambda: len(w.acked) >= 50 or None, "50 acknowledged records")
+        c.kill(first.leader)
+        second = c.wait_leader("c", lambda r: r.leader_epoch > first.leader_epoch)
+        c.kill(second.leader)
+        third = c.wait_leader("c", lambda r: r.leader_epoch > second.leader_epoch)
+        n = len(w.acked)
+        eventually(lambda: len(w.acked) >= n + 25 or None, "writes on the third leader")
+        c.start(first.leader, second.leader)
+        eventually(lambda: len(w.acked) >= n + 50 or None, "writes with everyone back")
+    assert third.leader not in (first.leader, second.leader)
+    acked = list(w.acked)
+    hw, read = assert_converged(c, "c", [1, 2, 3])
+    assert len(read) == hw
+    assert_exactly_once(acked, read)
+
+
+# -- unclean leader election ---------------------------------------------------------------------
+
+
+def test_unclean_election_off_keeps_the_partition_offline_on_allows_it_and_counts_it(
+    cluster: Cluster,
+) -> None:
+    c = cluster
+    c.start()
+    c.create_topic("u", 3, {"min.insync.replicas": "1"})
+    row = c.wait_leader("u", lambda r: len(r.isr) == 3)
+    stale = next(b for b in row.replicas if b != row.leader)
+    others = [b for b in row.replicas if b != stale]
+    acked = _acked(c, row.leader, "u", "m", 5)
+    proc = c.brokers[stale].proc
+    assert proc is not None
+    os.kill(proc.pid, signal.SIGSTOP)
+    eventually(lambda: stale not in c.row("u").isr or None, "the stopped replica out of the ISR")
+    missed = _acked(c, row.leader, "u", "x", 5)  # only the ISR has these
+    c.kill(*others)
+    os.kill(proc.pid, signal.SIGCONT)
+    # Every ISR member is down; the live replica is out of sync: no leader.
+    eventually(lambda: c.row("u").leader == -1 or None, "the partition offline")
+    deadline = time.monotonic() + 3 * SESSION_TIMEOUT_S  # it must stay so, not just be so
+    while time.monotonic() < deadline:
+        assert c.row("u").leader == -1
+        r = produce(c.http(stale), "u", ["nope"])
+        if r is not None:  # the broker may still be re-registering
+            assert r.status_code in (421, 503), r.text
+            body = r.json()
+            assert body["retriable"] is True, body
+            assert body["code"] in ("NOT_LEADER_OR_FOLLOWER", "LEADER_NOT_AVAILABLE"), body
+        time.sleep(0.2)  # pacing the observations, not synchronisation
+    assert partitions(c.http(stale), "u")[0]["unclean_elections"] == 0
+
+    r2 = httpx.patch(
+        f"{c.http(stale)}/v1/topics/u/configs",
+        json={"configs": {"unclean.leader.election.enable": "true"}},
+        timeout=30,
+    )
+    assert r2.status_code == 200, r2.text
+    after = c.wait_leader("u", lambda r: r.leader == stale)
+    assert after.unclean_elections == 1 and after.isr == [stale]
+    part = eventually(
+        lambda: (lambda q: q if q["unclean_elections"] == 1 else None)(
+            partitions(c.http(stale), "u")[0]
+        ),
+        "the unclean election reported",
+    )
+    assert part["leader"] == stale
+    read = {v for _, v in read_all(c.http(stale), "u")}
+    assert set(acked) <= read  # it had those
+    assert not set(missed) & read  # the loss the counter reports
+    ok = produce(c.http(stale), "u", ["back"])
+    assert ok is not None and ok.status_code == 200, ok.text if ok is not None else "no answer"
+
+
+# -- controller failover -------------------------------------------------------------------------
+
+
+def test_controller_failover_then_elections_still_happen(cluster: Cluster) -> None:
+    c = cluster
+    c.start()
+    c.create_topic("k", 3, {"min.insync.replicas": "1"}, partitions=3)
+    for p in range(3):
+        c.wait_leader("k", lambda r: len(r.isr) == 3, p=p)
+    ctl = eventually(
+        lambda: (lambda m: m if m is not None and m.alive else None)(c.store.controller()),
+        "a controller",
+    )
+    c.kill(ctl.broker_id)
+    killed_at = time.monotonic()
+    new = eventually(
+        lambda: (lambda m: m if m and m.alive and m.broker_id != ctl.broker_id else None)(
+            c.store.controller()
+        ),
+        "a new controller",
+        timeout_s=SESSION_TIMEOUT_S + 20,  # the lease runs out, plus a loaded machine's margin
+    )
+    took = time.monotonic() - killed_at
+    assert new.controller_epoch > ctl.controller_epoch, (new, ctl, took)
+    # The partitions the dead broker led move; then kill a leader the new controller is not.
+    rows = [c.wait_leader("k", lambda r: r.leader != ctl.broker_id, p=p) for p in range(3)]
+    victim = next((r for r in rows if r.leader != new.broker_id), None)
+    if victim is None:  # all led by the controller now: move one away by killing nobody else
+        pytest.fail(f"every partition is led by the new controller {new.broker_id}: {rows}")
+    c.kill(victim.leader)
+    moved = c.wait_leader("k", lambda r: r.leader_epoch > victim.leader_epoch, p=victim.partition)
+    assert moved.leader == new.broker_id and moved.leader not in (ctl.broker_id, victim.leader)
+    ok = produce(c.http(moved.leader), "k", ["after"], p=victim.partition)
+    assert ok is not None and ok.status_code == 200, ok.text if ok is not None else "no answer"
