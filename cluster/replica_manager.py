@@ -185,6 +185,12 @@ class ReplicaManager:
 
     async def apply(self, version: int, topics: list[TopicMeta], brokers: list[BrokerMeta]) -> None:
         async with self._apply_lock:
+            if version < self.metadata_version:
+                # Two refreshes ran at once (the watcher and a caller's refresh) and the older
+                # snapshot reached the lock second: applying it would bring back rows and
+                # topics already replaced (a broker then lost a topic it had just created and
+                # leads, and failed its start-up).
+                return
             self.brokers = {b.broker_id: b for b in brokers}
             rows = {(r.topic, r.partition): r for t in topics for r in t.assignments}
             for listener in self.on_topics:
