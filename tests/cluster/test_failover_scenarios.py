@@ -73,7 +73,10 @@ def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = WAIT
         time.sleep(0.05)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# Each scenario takes 1-2 minutes on this loaded 2-core machine (three broker processes
+# start, die and restart): the PostgreSQL runs of all but controller failover (whose lease is
+# the store's business) are slow-marked; `make test-slow` runs them.
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'shared.db'}"
@@ -542,6 +545,7 @@ def test_unclean_election_off_keeps_the_partition_offline_on_allows_it_and_count
 # -- controller failover -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("metadata_url", ["sqlite", "postgresql"], indirect=True)
 def test_controller_failover_then_elections_still_happen(cluster: Cluster) -> None:
     c = cluster
     c.start()
