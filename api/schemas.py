@@ -44,6 +44,7 @@ _PARTITION_EXAMPLE: JsonDict = {
     "log_start_offset": 0,
     "high_watermark": 42,
     "log_end_offset": 42,
+    "unclean_elections": 0,
 }
 _TOPIC_EXAMPLE: JsonDict = {
     "name": "orders",
@@ -95,6 +96,11 @@ class PartitionPublic(BaseModel):
     log_end_offset: int = Field(description="the leader's; -1 when it cannot be reached")
     local_replica: ReplicaPublic | None = Field(
         None, description="this broker's replica, if it holds one"
+    )
+    unclean_elections: int = Field(
+        0,
+        description="leaders elected from outside the ISR so far "
+        "(unclean.leader.election.enable): each may have lost acknowledged records",
     )
 
 

@@ -17,6 +17,8 @@ the transaction was rolled back, so the failed call changed nothing and a retry 
 from __future__ import annotations
 
 import functools
+import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
@@ -672,11 +674,34 @@ def _sqlite_begin_immediate(conn: sa.Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+SQLITE_WAL_SWITCH_S = 30.0  # as long as the busy timeout of every other statement
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    """WAL and full sync on every new SQLite connection.
+
+    WAL mode is stored in the file, so only the first connection ever changes it; switching
+    needs an exclusive lock for which SQLite does not always call the busy handler, and brokers
+    started together died at start with "database is locked" (1 start in 30 with 6 at once).
+    So the mode is read first and set only when needed, and a busy database is retried
+    (every 50 ms, for as long as the busy timeout would wait)."""
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=FULL")
-    cur.close()
+    try:
+        deadline = time.monotonic() + SQLITE_WAL_SWITCH_S
+        while True:
+            try:
+                (mode,) = cur.execute("PRAGMA journal_mode").fetchone()
+                if str(mode).lower() != "wal":
+                    cur.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as e:
+                busy = "locked" in str(e) or "busy" in str(e)
+                if not busy or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        cur.execute("PRAGMA synchronous=FULL")
+    finally:
+        cur.close()
 
 
 def _partition_row(p: PartitionMeta) -> dict[str, Any]:
