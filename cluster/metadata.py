@@ -17,6 +17,8 @@ the transaction was rolled back, so the failed call changed nothing and a retry 
 from __future__ import annotations
 
 import functools
+import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
@@ -619,9 +621,24 @@ def _bump_version(c: sa.Connection) -> None:
             )
 
 
+SQLITE_WAL_SWITCH_S = 30.0  # as long as the busy timeout: brokers starting together wait
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    """WAL and full sync on every connection. Switching a new file to WAL is refused at once
+    ("database is locked", the busy timeout does not apply) while another connection holds
+    a lock on it in the rollback-journal mode it was created in, which three brokers starting
+    on a fresh file hit; so the switch is retried until it holds. Once the file is in WAL
+    (persistent), the first read below sees it and nothing is retried."""
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    deadline = time.monotonic() + SQLITE_WAL_SWITCH_S
+    while str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
     cur.execute("PRAGMA synchronous=FULL")
     cur.close()
 
