@@ -760,3 +760,67 @@ def check_replicas_identical(cluster: ChaosCluster, topic: str, hws: dict[int, i
                     f"({len(data)} vs {len(reference)} bytes)"
                 )
     return None
+
+
+# -- leadership samples ------------------------------------------------------------------------
+
+
+class LeadershipSampler:
+    """Samples, in a thread, which broker each running broker believes leads each partition
+    (its describe) and what the store says: at most one broker may ever claim a partition in
+    one leader epoch, and the claimant must be the leader the store named for that epoch."""
+
+    INTERVAL_S: Final = 0.1
+
+    def __init__(self, cluster: ChaosCluster, topic: str) -> None:
+        self.cluster = cluster
+        self.topic = topic
+        self.claims: dict[tuple[int, int], set[int]] = {}  # (partition, epoch) -> brokers
+        self.store_leaders: dict[tuple[int, int], set[int]] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="leadership-sampler", daemon=True)
+
+    def __enter__(self) -> LeadershipSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(WAIT_S)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.INTERVAL_S):
+            with contextlib.suppress(LogbusError):
+                for r in self.cluster.rows(self.topic):
+                    if r.leader != -1:
+                        key = (r.partition, r.leader_epoch)
+                        self.store_leaders.setdefault(key, set()).add(r.leader)
+            for i in self.cluster.brokers:
+                if not self.cluster.running(i):
+                    continue
+                try:
+                    view = self.cluster.describe(i, self.topic, timeout=2.0)
+                except httpx.HTTPError:
+                    continue
+                for part in view:
+                    if part["leader"] == i:
+                        key = (part["partition"], part["leader_epoch"])
+                        self.claims.setdefault(key, set()).add(i)
+            self.samples += 1
+
+    def violations(self) -> list[str]:
+        found = []
+        for (p, epoch), brokers in sorted(self.claims.items()):
+            if len(brokers) > 1:
+                found.append(f"partition {p} epoch {epoch}: claimed by brokers {sorted(brokers)}")
+            named = self.store_leaders.get((p, epoch), set())
+            if named and not brokers <= named:
+                found.append(
+                    f"partition {p} epoch {epoch}: claimed by {sorted(brokers)}, "
+                    f"the store named {sorted(named)}"
+                )
+        for (p, epoch), named in sorted(self.store_leaders.items()):
+            if len(named) > 1:
+                found.append(f"partition {p} epoch {epoch}: the store named {sorted(named)}")
+        return found
