@@ -35,8 +35,10 @@ share 2 cores with other work, so how long a step takes varies tenfold.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
+import json
 import os
 import random
 import signal
@@ -153,6 +155,7 @@ class ChaosCluster:
         self.db_proxies: dict[int, ThreadedLinkProxy] = {}
         self.brokers: dict[int, ChaosBroker] = {}
         self._paused: set[int] = set()
+        self.clients: list[ChaosClient] = []
         self._store: MetadataStore | None = None
         self._store_lock = threading.Lock()
         base_env = {**CLUSTER_ENV, **(env or {})}
@@ -204,6 +207,8 @@ class ChaosCluster:
         return self
 
     def close(self) -> None:
+        for c in self.clients:
+            c.close()
         for i in list(self._paused):
             self.resume(i)
         for b in self.brokers.values():
@@ -435,6 +440,8 @@ class ChaosClient:
         self._final: dict[int, list[Record]] = {}
         self._rng_lock = threading.Lock()
         self._writer_ids = itertools.count()
+        self._closed = False
+        cluster.clients.append(self)  # closed with the cluster, whatever the test did
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -495,10 +502,11 @@ class ChaosClient:
             self._leaders[partition] = leader
         return self._leaders[partition]
 
-    def _hint(self, partition: int, body: Any) -> None:
-        """Follow a 421's leader_id, else ask the store again."""
+    def _hint(self, partition: int, body: Any, answered_by: int) -> None:
+        """Follow a 421's leader_id, else ask the store again. A broker whose lease lapsed
+        (cut off from the store) still names itself from its stale rows: ignored."""
         leader = body.get("leader_id") if isinstance(body, dict) else None
-        if isinstance(leader, int) and leader in self.cluster.brokers:
+        if isinstance(leader, int) and leader in self.cluster.brokers and leader != answered_by:
             self._leaders[partition] = leader
         else:
             self._leader(partition, refresh=True)
@@ -607,7 +615,7 @@ class ChaosClient:
                 self._record_batch(partition, values, "ok", offsets)
                 return "ok"
             if status == 421:
-                self._hint(partition, answer)
+                self._hint(partition, answer, broker)
                 continue
             retriable = (
                 status is None
@@ -671,7 +679,7 @@ class ChaosClient:
             return None
         if r.status_code == 421:
             with contextlib.suppress(ValueError):
-                self._hint(partition, r.json())
+                self._hint(partition, r.json(), broker)
             return None
         if r.status_code != 200:
             self._leader(partition, refresh=True)
@@ -708,9 +716,18 @@ class ChaosClient:
         return "\n".join([*problems, f"history: {self.history_path}"])
 
     def close(self) -> None:
+        """Stop, close the history and write every attempt to ``attempts.jsonl`` beside it
+        (broker, partition, start/end in monotonic s, status, error code): what a failed run's
+        report points at."""
         self._stop.set()
         self._stop_consumers.set()
+        if self._closed:
+            return
+        self._closed = True
         self._log.close()
+        with self._attempts_lock, (self.history_path.parent / "attempts.jsonl").open("w") as f:
+            for a in self.attempts:
+                f.write(json.dumps(dataclasses.asdict(a)) + "\n")
 
 
 # -- replicas' files ---------------------------------------------------------------------------
