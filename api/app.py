@@ -54,6 +54,7 @@ def broker_config(settings: Settings) -> BrokerConfig:
         max_broker_partitions=settings.max_broker_partitions,
         advertised_url=settings.advertised_url,
         replication_port=settings.replication_port,
+        replication_advertised_port=settings.replication_advertised_port,
         replication=ReplicationConfig(
             broker_id=settings.broker_id,
             heartbeat_interval_ms=settings.broker_heartbeat_interval_ms,

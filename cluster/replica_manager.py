@@ -347,7 +347,7 @@ class ReplicaManager:
         )
         self._wake_fetches()
         self._advance(leading)
-        if wait_for_isr and not result.duplicate:
+        if wait_for_isr:  # a duplicate too: the first attempt may have timed out uncommitted
             await self._wait_committed(leading, result.last_offset + 1)
         return result
 

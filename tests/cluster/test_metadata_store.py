@@ -240,3 +240,33 @@ def test_brokers_registering_at_once_on_one_sqlite_file_all_succeed(tmp_path: Pa
         s.close()
     assert errors == []
     assert epochs == {i: 5 for i in range(len(stores))}
+
+
+def test_brokers_starting_together_on_a_fresh_sqlite_file_all_start(tmp_path: Path) -> None:
+    """Each broker process opens its own store on the shared file. The first connections
+    switched a freshly created file to WAL while others held locks on it, which SQLite
+    refuses at once ("database is locked"): a broker of three started together failed to
+    start (4 of 40 rounds of this test failed before the fix)."""
+    errors: list[BaseException] = []
+    for trial in range(10):
+        url = f"sqlite:///{tmp_path / f'shared-{trial}.db'}"
+        barrier = threading.Barrier(3)
+
+        def start(i: int, url: str = url, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                s = MetadataStore(url)
+                try:
+                    s.register_broker(_broker(i), LEASE_MS)
+                    s.brokers()
+                finally:
+                    s.close()
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=start, args=(i,)) for i in (1, 2, 3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
