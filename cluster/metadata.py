@@ -123,9 +123,6 @@ def _storage_errors(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-NO_LEADER_ID = -1  # a partition row's leader while it has none
-
-
 class MetadataStore:
     @_storage_errors
     def __init__(self, url: str) -> None:
@@ -186,7 +183,6 @@ class MetadataStore:
                 ).rowcount
                 if not updated:
                     raise ConcurrentUpdateError(f"broker {broker.broker_id} registered twice")
-                _fence_old_incarnation(c, broker.broker_id)
             _bump_version(c)
             return epoch
 
@@ -632,38 +628,6 @@ def _bump_version(c: sa.Connection) -> None:
                 .where(name == METADATA_VERSION)
                 .values(value=counters_table.c.value + 1)
             )
-
-
-def _fence_old_incarnation(c: sa.Connection, broker_id: int) -> None:
-    """A broker registering again is a new incarnation that may have lost what its page cache
-    held (power loss): it leaves every ISR that has another member, and gives up leadership
-    there (the controller elects from the rest), so it rejoins only by catching up — as
-    KRaft's controller fences a re-registered broker. Where it is the last ISR member it stays:
-    nobody else holds more (losing that copy too is what ``durability=fsync`` prevents)."""
-    p = partitions_table.c
-    rows = c.execute(
-        sa.select(p.topic, p.partition, p.leader, p.leader_epoch, p.isr, p.partition_epoch)
-    ).all()
-    for r in rows:
-        isr = [int(b) for b in r.isr]
-        others = [b for b in isr if b != broker_id]
-        if broker_id not in isr or not others:
-            continue
-        was_leader = r.leader == broker_id
-        c.execute(
-            partitions_table.update()
-            .where(
-                p.topic == r.topic,
-                p.partition == r.partition,
-                p.partition_epoch == r.partition_epoch,
-            )
-            .values(
-                isr=others,
-                leader=NO_LEADER_ID if was_leader else r.leader,
-                leader_epoch=r.leader_epoch + 1 if was_leader else r.leader_epoch,
-                partition_epoch=r.partition_epoch + 1,
-            )
-        )
 
 
 def _sqlite_manual_transactions(dbapi_conn: Any, _record: Any) -> None:
