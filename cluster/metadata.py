@@ -123,6 +123,9 @@ def _storage_errors(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+ALLOCATION_ATTEMPTS = 5  # producer-id races between brokers are rare and short
+
+
 class MetadataStore:
     @_storage_errors
     def __init__(self, url: str) -> None:
@@ -517,7 +520,20 @@ class MetadataStore:
         Without a name: a fresh id (ids come from a persisted counter and are never reused)
         and epoch 0. With a name (Kafka's ``transactional.id``): the same id with the epoch
         bumped, which fences every older session of that name; a fresh id past epoch 32767.
+        Brokers allocating at the same moment race on the counter (or on a name's first row):
+        the loser tries again, a few times.
         """
+        for attempt in range(ALLOCATION_ATTEMPTS):
+            try:
+                return self._init_producer(name)
+            except (ConcurrentUpdateError, IntegrityError):
+                if attempt == ALLOCATION_ATTEMPTS - 1:
+                    raise ConcurrentUpdateError(
+                        "producer id allocation kept racing; retry"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    def _init_producer(self, name: str | None) -> tuple[int, int]:
         with self.writer.begin() as c:
             row = None
             if name is not None:
@@ -593,20 +609,19 @@ class MetadataStore:
 
     @staticmethod
     def _next_producer_id(c: sa.Connection, count: int = 1) -> int:
-        current = c.execute(
-            sa.select(counters_table.c.value).where(counters_table.c.name == PRODUCER_ID_COUNTER)
+        """Take ``count`` ids: one atomic increment (the row lock orders concurrent brokers);
+        the first allocation ever creates the row, and a broker racing it retries."""
+        counter = counters_table.c
+        after = c.execute(
+            counters_table.update()
+            .where(counter.name == PRODUCER_ID_COUNTER)
+            .values(value=counter.value + count)
+            .returning(counter.value)
         ).scalar_one_or_none()
-        if current is None:
+        if after is None:
             c.execute(counters_table.insert().values(name=PRODUCER_ID_COUNTER, value=count))
             return 0
-        updated = c.execute(
-            counters_table.update()
-            .where(counters_table.c.name == PRODUCER_ID_COUNTER, counters_table.c.value == current)
-            .values(value=current + count)
-        ).rowcount
-        if not updated:  # another broker took it first (PostgreSQL): the caller retries
-            raise ConcurrentUpdateError("producer id allocation raced; retry")
-        return int(current)
+        return int(after) - count
 
 
 def _bump_version(c: sa.Connection) -> None:

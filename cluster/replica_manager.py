@@ -312,6 +312,8 @@ class ReplicaManager:
             return leading
         row = self.rows.get((topic, partition))
         leader = row.leader if row is not None else NO_LEADER
+        if leader == self.me:  # our lease lapsed: the rows we hold are stale, name nobody
+            leader = NO_LEADER
         b = self.brokers.get(leader)
         raise NotLeaderError(
             f"broker {self.me} does not lead {topic}-{partition}"

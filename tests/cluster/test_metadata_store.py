@@ -251,3 +251,33 @@ def test_brokers_starting_together_on_a_fresh_sqlite_file_all_start(tmp_path: Pa
         for t in threads:
             t.join()
     assert not errors, errors
+
+
+def test_producer_ids_allocated_at_once_by_many_brokers_are_distinct(
+    store: MetadataStore,
+) -> None:
+    """The first allocation creates the counter row; brokers racing on it (or on the counter
+    later) retry instead of answering 500."""
+    url = str(store.engine.url.render_as_string(hide_password=False))
+    stores = [MetadataStore(url) for _ in range(6)]
+    start = threading.Barrier(len(stores))
+    ids: list[int] = []
+    errors: list[BaseException] = []
+
+    def allocate(s: MetadataStore) -> None:
+        start.wait()
+        try:
+            for _ in range(5):
+                ids.append(s.init_producer(None)[0])
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=allocate, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert errors == []
+    assert len(ids) == len(set(ids)) == 30
