@@ -433,6 +433,10 @@ def test_kip101_both_crash_and_the_lagging_replica_leads_first(cluster: Cluster)
     f_proc = c.brokers[follower].proc
     assert f_proc is not None
     os.kill(f_proc.pid, signal.SIGSTOP)  # it stops fetching: lagging, yet still in the ISR
+    # Its last fetch may be parked at the leader: a write now would be sent into its socket
+    # and read on SIGCONT. The leader answers a parked fetch (empty) by the protocol's bound,
+    # replica_fetch_wait_max_ms; past that, a stopped follower has no fetch outstanding.
+    time.sleep(3 * int(ENV["LOGBUS_REPLICA_FETCH_WAIT_MAX_MS"]) / 1000)
     r = produce(c.http(leader), "b", [f"u{k}" for k in range(7)], acks="1")
     assert r is not None and r.status_code == 200, r.text if r is not None else "no answer"
     c.kill(leader)
