@@ -3,24 +3,28 @@
 Theory of operation
 -------------------
 * **Bootstrap.** A client is given one or several broker URLs, comma-separated like Kafka's
-  ``bootstrap.servers`` (``http://a:8080,http://b:8080``). It learns the cluster from whichever
-  answers first: ``GET /v1/cluster`` (every broker's advertised URL and whether its lease is
-  live) and ``GET /v1/topics/{t}/partitions`` (each partition's leader id). One dead bootstrap
-  broker therefore does not stop a client from starting.
+  ``bootstrap.servers`` (``http://a:8080,http://b:8080``). Before its first request it asks
+  whichever answers first for ``GET /v1/cluster``: every broker's advertised URL and whether
+  its lease is live. One dead bootstrap broker therefore does not stop a client from starting,
+  and a client given one URL still knows where else to go when that broker dies.
 * **Direct.** A partition request (produce to a partition, fetch) goes to the leader's URL
-  with ``Logbus-Route: direct``: one hop instead of two through a forwarding broker. A broker
-  that does not lead answers 421 ``NOT_LEADER_OR_FOLLOWER`` with ``leader_id`` and
-  ``leader_url``; the router believes that URL at once (no metadata round trip, no backoff)
-  and refreshes its metadata only when the redirect leads nowhere new. Other requests (topic
-  listings, admin, a topic-level produce the broker places itself) go to the broker that last
-  answered, any broker being able to serve them.
+  with ``Logbus-Route: direct``: one hop instead of two through a forwarding broker. Where the
+  leader is not known yet the request goes to any broker, still with ``direct``: a broker that
+  does not lead answers 421 ``NOT_LEADER_OR_FOLLOWER`` with ``leader_id`` and ``leader_url``,
+  and the router follows that URL at once (no backoff) and remembers it — so learning a
+  partition's leader costs one extra round trip, and no listing of every partition. A caller
+  that has a partition listing (``GET /v1/topics/{t}/partitions``) may hand it over
+  (:meth:`ClusterView.apply_partitions`) to save even that. Other requests (topic listings,
+  admin, a topic-level produce the broker places itself) go to the broker that last answered,
+  any broker being able to serve them.
 * **Failures.** A connection error or timeout marks the broker suspect for :data:`SUSPECT_S`
-  (it is asked last for metadata), forgets what the router knew about the partition, and the
-  next attempt refreshes metadata from another broker (bootstrap or known) and goes to the
-  leader it names. Retries wait 100 ms doubling to 1 s (Kafka's ``retry.backoff.ms`` and
-  ``retry.backoff.max.ms``), at most :data:`MAX_ATTEMPTS` (16) attempts: 13.5 s of backoff
-  plus the attempts themselves, more than a failover takes with the default
-  ``broker.session.timeout.ms`` of 9 s.
+  (asked last) and forgets where the partition lives; the next attempt asks a broker that is
+  not suspect (refreshing ``/v1/cluster`` from it when the failed broker was the one the
+  router asked), which answers 421 naming the leader it knows — the dead one until its lease
+  expires, then the one the controller elected. Retries wait 100 ms doubling to 1 s (Kafka's
+  ``retry.backoff.ms`` and ``retry.backoff.max.ms``), at most :data:`MAX_ATTEMPTS` (16)
+  attempts: 13.5 s of backoff plus the attempts themselves, more than a failover takes with
+  the default ``broker.session.timeout.ms`` of 9 s.
 * **Idempotence.** Whether a failed attempt may have been written decides whether it may be
   sent again (:func:`judge`). *Never written*: the connection was never made, a 421 naming a
   leader (refused before the append), 429, 503 ``NOT_ENOUGH_REPLICAS``,
@@ -51,7 +55,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -61,9 +64,6 @@ BACKOFF_S = 0.1
 BACKOFF_MAX_S = 1.0
 # A broker that failed to answer is asked last for metadata for this long.
 SUSPECT_S = 10.0
-# Metadata refreshes closer together than this are answered by the last one: when every
-# in-flight request of a client fails at once, one refresh serves them all.
-REFRESH_MIN_INTERVAL_S = 0.05
 
 TopicPartition = tuple[str, int]
 
@@ -153,6 +153,7 @@ class ClusterView:
         self.home = self.bootstrap[0]  # the broker that last answered metadata
         self._suspects: dict[str, float] = {}
         self.refreshed_at = float("-inf")
+        self.needs_refresh = True
 
     def candidates(self) -> list[str]:
         """Where to ask for metadata: the last broker that answered, the bootstrap list and
@@ -163,11 +164,16 @@ class ClusterView:
             return sorted(urls, key=lambda u: self._suspects.get(u, 0.0) > now)
 
     def suspect(self, url: str) -> None:
+        """``url`` did not answer: ask it last, and if it was the broker asked for everything
+        else, move on to one that is not suspect (and learn the cluster from it again)."""
         with self._lock:
-            self._suspects[url] = self._clock() + SUSPECT_S
+            now = self._clock()
+            self._suspects[url] = now + SUSPECT_S
             if self.home == url:
-                fresh = [u for u in self.bootstrap if self._suspects.get(u, 0.0) <= self._clock()]
+                urls = dict.fromkeys([*self.bootstrap, *self.brokers.values()])
+                fresh = [u for u in urls if self._suspects.get(u, 0.0) <= now]
                 self.home = fresh[0] if fresh else self.home
+                self.needs_refresh = True
 
     def apply_cluster(self, base: str, doc: Mapping[str, Any] | None) -> None:
         """An answer of ``GET /v1/cluster`` from ``base`` (None: the broker has no such path)."""
@@ -175,6 +181,7 @@ class ClusterView:
             self.home = base
             self._suspects.pop(base, None)
             self.refreshed_at = self._clock()
+            self.needs_refresh = False
             if doc is None or not doc.get("clustered"):
                 self.clustered = False
                 self.brokers = {}
@@ -203,26 +210,18 @@ class ClusterView:
             if tp is not None:
                 self.leaders.pop(tp, None)
                 self.redirects.pop(tp, None)
-            self.refreshed_at = float("-inf")
-
-    def knows(self, tp: TopicPartition) -> bool:
-        with self._lock:
-            return self.clustered is False or tp in self.redirects or tp in self.leaders
-
-    def knows_topic(self, topic: str) -> bool:
-        with self._lock:
-            return any(t == topic for t, _ in self.leaders)
 
     def target(self, tp: TopicPartition | None) -> tuple[str, bool]:
-        """(base URL, direct) for a request: the partition's leader with ``direct``, else the
-        broker that last answered (which forwards, or answers a retriable error)."""
+        """(base URL, direct) for a request: the partition's leader where known; else the
+        broker that last answered — with ``direct`` in a cluster, so that it names the leader
+        (421) rather than forwarding."""
         with self._lock:
             if tp is None or not self.clustered:
                 return self.home, False
             if tp in self.redirects:
                 return self.redirects[tp], True
             url = self.brokers.get(self.leaders.get(tp, -1))
-            return (url, True) if url is not None else (self.home, False)
+            return (url, True) if url is not None else (self.home, True)
 
 
 class _Backoff:
@@ -243,10 +242,6 @@ def _headers(kwargs: dict[str, Any], direct: bool) -> dict[str, Any]:
     return out
 
 
-def _partitions_path(topic: str) -> str:
-    return f"/v1/topics/{quote(topic, safe='')}/partitions"
-
-
 class _Base:
     def __init__(
         self,
@@ -265,11 +260,16 @@ class _Base:
     def bootstrap(self) -> list[str]:
         return self.view.bootstrap
 
-    def failed(self, tp: TopicPartition | None, base: str, unreachable: bool) -> None:
-        """An attempt at ``base`` failed: suspect it if it did not answer; re-learn ``tp``."""
+    def failed(
+        self, tp: TopicPartition | None, base: str, unreachable: bool, status: int = 0
+    ) -> None:
+        """An attempt at ``base`` failed: if it did not answer, suspect it; if it did not answer
+        or said it does not lead (421), ask again where ``tp`` lives. A broker that answered
+        another retriable error (503: an election, too few replicas) is asked again."""
         if unreachable:
             self.view.suspect(base)
-        self.view.forget(tp)
+        if unreachable or status == 421:
+            self.view.forget(tp)
 
     def _redirected(
         self, verdict: Verdict, leader: str | None, tp: TopicPartition | None, base: str
@@ -279,9 +279,6 @@ class _Base:
             return False
         self.view.redirect(tp, leader)
         return True
-
-    def _fresh(self) -> bool:
-        return time.monotonic() - self.view.refreshed_at < REFRESH_MIN_INTERVAL_S
 
     def _give_up(self, what: str, attempts: int, e: BaseException | None, maybe: bool) -> None:
         raise RoutingError(
@@ -333,34 +330,28 @@ class Router(_Base):
     def __reduce__(self) -> Any:
         raise TypeError("a Router holds sockets and is never pickled; create it in place")
 
-    def refresh(self, topic: str | None = None) -> bool:
-        """Learn brokers (and ``topic``'s leaders) from the first broker that answers."""
+    def refresh(self) -> bool:
+        """Learn the brokers from the first one that answers (False: none did)."""
         with self._refresh_lock:
-            if self._fresh() and (topic is None or self.view.knows_topic(topic)):
-                return True
+            if not self.view.needs_refresh:
+                return True  # another request refreshed while this one waited
             for base in self.view.candidates():
                 try:
                     r = self.http.get(f"{base}/v1/cluster")
                     if r.status_code not in (200, 404):
                         continue
                     cluster = r.json() if r.status_code == 200 else None
-                    parts = None
-                    if topic is not None and cluster is not None and cluster.get("clustered"):
-                        p = self.http.get(f"{base}{_partitions_path(topic)}")
-                        parts = p.json() if p.status_code == 200 else None
                 except (httpx.TransportError, ValueError):
                     self.view.suspect(base)
                     continue
                 self.view.apply_cluster(base, cluster)
-                if topic is not None and parts is not None:
-                    self.view.apply_partitions(topic, parts)
                 return True
             return False
 
     def target(self, tp: TopicPartition | None) -> tuple[str, bool]:
-        """(base URL, direct) for the next request about ``tp``, refreshing when unknown."""
-        if self.view.clustered is None or (tp is not None and not self.view.knows(tp)):
-            self.refresh(tp[0] if tp is not None else None)
+        """(base URL, direct) for the next request about ``tp`` (see the module doc)."""
+        if self.view.needs_refresh:
+            self.refresh()
         return self.view.target(tp)
 
     def request(
@@ -398,7 +389,7 @@ class Router(_Base):
                         continue  # the first hop to a named leader needs no backoff
                 else:
                     redirects = 0
-                    self.failed(partition, base, False)
+                    self.failed(partition, base, False, r.status_code)
             self._sleep(backoff.next())
 
 
@@ -437,34 +428,28 @@ class AsyncRouter(_Base):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def refresh(self, topic: str | None = None) -> bool:
+    async def refresh(self) -> bool:
         if self._refresh_lock is None:
             self._refresh_lock = asyncio.Lock()
         async with self._refresh_lock:
-            if self._fresh() and (topic is None or self.view.knows_topic(topic)):
-                return True
+            if not self.view.needs_refresh:
+                return True  # another request refreshed while this one waited
             for base in self.view.candidates():
                 try:
                     r = await self.http.get(f"{base}/v1/cluster")
                     if r.status_code not in (200, 404):
                         continue
                     cluster = r.json() if r.status_code == 200 else None
-                    parts = None
-                    if topic is not None and cluster is not None and cluster.get("clustered"):
-                        p = await self.http.get(f"{base}{_partitions_path(topic)}")
-                        parts = p.json() if p.status_code == 200 else None
                 except (httpx.TransportError, ValueError):
                     self.view.suspect(base)
                     continue
                 self.view.apply_cluster(base, cluster)
-                if topic is not None and parts is not None:
-                    self.view.apply_partitions(topic, parts)
                 return True
             return False
 
     async def target(self, tp: TopicPartition | None) -> tuple[str, bool]:
-        if self.view.clustered is None or (tp is not None and not self.view.knows(tp)):
-            await self.refresh(tp[0] if tp is not None else None)
+        if self.view.needs_refresh:
+            await self.refresh()
         return self.view.target(tp)
 
     async def request(
@@ -500,5 +485,5 @@ class AsyncRouter(_Base):
                         continue  # the first hop to a named leader needs no backoff
                 else:
                     redirects = 0
-                    self.failed(partition, base, False)
+                    self.failed(partition, base, False, r.status_code)
             await asyncio.sleep(backoff.next())

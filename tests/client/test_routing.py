@@ -68,11 +68,17 @@ class FakeCluster:
         return [(b, route) for b, p, route in self.log if p == PRODUCE]
 
 
-def _router(fake: FakeCluster, urls: str = A, **kw: Any) -> tuple[Router, list[float]]:
+def _router(
+    fake: FakeCluster, urls: str = A, warm: bool = True, **kw: Any
+) -> tuple[Router, list[float]]:
+    """A router on ``fake``; ``warm``: it has learnt t-0's leader (and the log is cleared)."""
     sleeps: list[float] = []
     router = Router(
         urls, transport=httpx.MockTransport(lambda r: fake.handle(r)), sleep=sleeps.append, **kw
     )
+    if warm:
+        assert _produce(router, idempotent=False).status_code == 200
+        fake.log.clear()
     return router, sleeps
 
 
@@ -82,62 +88,68 @@ def _produce(router: Router, idempotent: bool) -> httpx.Response:
     )
 
 
-def test_partition_requests_go_to_the_leader_directly() -> None:
+def test_a_421_names_the_leader_and_later_requests_go_there_directly() -> None:
     fake = FakeCluster(leader=3)
-    router, sleeps = _router(fake)
+    router, sleeps = _router(fake, warm=False)
+    assert _produce(router, idempotent=False).status_code == 200
+    assert fake.sends() == [(A, "direct"), (C, "direct")]  # the bootstrap broker said: 3
+    assert _produce(router, idempotent=False).status_code == 200
+    assert fake.sends()[-1] == (C, "direct") and len(fake.sends()) == 3
+    assert [p for _, p, _ in fake.log].count("/v1/cluster") == 1  # learnt once
+    assert sleeps == []  # a named leader needs no backoff
+
+
+def test_a_partition_listing_saves_the_first_redirect() -> None:
+    fake = FakeCluster(leader=3)
+    router, _ = _router(fake, warm=False)
+    router.view.apply_partitions("t", [{"partition": 0, "leader": 3}])
+    router.refresh()
     assert _produce(router, idempotent=False).status_code == 200
     assert fake.sends() == [(C, "direct")]
-    # Metadata came from the bootstrap broker, once; a second request needs none.
-    assert _produce(router, idempotent=False).status_code == 200
-    assert [p for _, p, _ in fake.log].count("/v1/cluster") == 1
-    assert sleeps == []
 
 
-def test_421_names_the_new_leader_and_is_followed_at_once() -> None:
+def test_a_moved_leader_is_followed_at_once() -> None:
     fake = FakeCluster(leader=2)
     router, sleeps = _router(fake)
-    assert _produce(router, idempotent=False).status_code == 200  # learns: leader 2
     fake.leader = 3  # leadership moves; the router still believes 2
     assert _produce(router, idempotent=False).status_code == 200
-    assert fake.sends() == [(B, "direct"), (B, "direct"), (C, "direct")]
-    assert sleeps == []  # a named leader needs no backoff
+    assert fake.sends() == [(B, "direct"), (C, "direct")]
+    assert sleeps == []
 
 
 def test_a_dead_bootstrap_broker_is_skipped() -> None:
     fake = FakeCluster(leader=2)
     fake.down.add(A)
-    router, _ = _router(fake, f"{A},{B}")
+    router, _ = _router(fake, f"{A},{B}", warm=False)
     assert _produce(router, idempotent=False).status_code == 200
     assert fake.sends() == [(B, "direct")]
 
 
 def test_connection_error_fails_over_to_the_leader_other_brokers_name() -> None:
     fake = FakeCluster(leader=3)
-    router, sleeps = _router(fake, f"{A},{B}")
-    assert _produce(router, idempotent=True).status_code == 200
-    fake.down.update({A, C})  # the leader dies, and so does the bootstrap broker it asked
-    listings = len([p for _, p, _ in fake.log if p.endswith("/partitions")])
+    router, sleeps = _router(fake, A)  # one bootstrap URL: the others come from /v1/cluster
+    fake.down.update({A, C})  # the leader dies, and so does the broker the router asks
     handle = fake.handle
 
     def elect_later(request: httpx.Request) -> httpx.Response:
-        # The cluster elects broker 2 once the client has asked twice more (in the meantime
-        # the metadata still names the dead leader, as a real cluster's does until its lease
-        # expires).
-        if len([p for _, p, _ in fake.log if p.endswith("/partitions")]) >= listings + 2:
+        # Broker 2 names the dead leader until the cluster elects it (after two more
+        # attempts at the dead one), as a real cluster does until the lease expires.
+        if fake.sends().count((C, "direct")) >= 3:
             fake.leader = 2
         return handle(request)
 
     fake.handle = elect_later  # type: ignore[method-assign]
     assert _produce(router, idempotent=True).status_code == 200
     assert fake.sends()[-1] == (B, "direct")
-    assert fake.sends().count((C, "direct")) >= 2
+    assert (A, "direct") in fake.sends()
     assert 1 <= len(sleeps) < router.max_attempts and all(s <= 1.0 for s in sleeps)
+    assert ("http://b:2", "/v1/cluster", None) in fake.log  # learnt the cluster again from B
 
 
 def test_retries_are_bounded_and_back_off() -> None:
     fake = FakeCluster(leader=2)
-    fake.script[B] = [lambda r: _problem(503, "NOT_ENOUGH_REPLICAS")] * 100
     router, sleeps = _router(fake, max_attempts=6, backoff_s=0.1, backoff_max_s=0.5)
+    fake.script[B] = [lambda r: _problem(503, "NOT_ENOUGH_REPLICAS")] * 100
     r = _produce(router, idempotent=False)  # never written: safe to retry even so
     assert r.status_code == 503 and r.json()["code"] == "NOT_ENOUGH_REPLICAS"
     assert len(fake.sends()) == 6
@@ -147,7 +159,7 @@ def test_retries_are_bounded_and_back_off() -> None:
 def test_unreachable_everywhere_raises_after_the_attempts() -> None:
     fake = FakeCluster()
     fake.down.update({A, B, C})
-    router, sleeps = _router(fake, f"{A},{B}", max_attempts=3)
+    router, sleeps = _router(fake, f"{A},{B}", warm=False, max_attempts=3)
     with pytest.raises(RoutingError) as e:
         _produce(router, idempotent=False)
     assert not e.value.maybe_written  # the connection was never made
@@ -160,11 +172,12 @@ def test_a_maybe_written_produce_is_resent_only_if_idempotent() -> None:
 
     for idempotent in (False, True):
         fake = FakeCluster(leader=2)
-        fake.script[B] = [timeout]
         router, _ = _router(fake)
+        fake.script[B] = [timeout]
         if idempotent:
             assert _produce(router, idempotent=True).status_code == 200
-            assert [b for b, _ in fake.sends()] == [B, B]
+            sent = [b for b, _ in fake.sends()]  # B timed out: asked A, which named B again
+            assert sent == [B, A, B]
         else:
             with pytest.raises(RoutingError) as e:
                 _produce(router, idempotent=False)
@@ -188,11 +201,11 @@ def test_which_failures_a_plain_produce_may_resend(
     answer: httpx.Response, resent_when_not_idempotent: bool
 ) -> None:
     fake = FakeCluster(leader=2)
-    fake.script[B] = [lambda r: answer]
     router, _ = _router(fake)
+    fake.script[B] = [lambda r: answer]
     r = _produce(router, idempotent=False)
     if resent_when_not_idempotent:
-        assert r.status_code == 200 and len(fake.sends()) == 2
+        assert r.status_code == 200 and len(fake.sends()) >= 2
     else:
         assert r.status_code == answer.status_code and len(fake.sends()) == 1
     fake.script[B] = [lambda r: answer]
@@ -203,8 +216,8 @@ def test_errors_retrying_cannot_fix_are_answered_at_once() -> None:
     fake = FakeCluster(leader=2)
     for status in (400, 404, 409, 413, 416, 422):
         answer = _problem(status, "X")
-        fake.script[B] = [_answer(answer)]
         router, sleeps = _router(fake)
+        fake.script[B] = [_answer(answer)]
         assert _produce(router, idempotent=True).status_code == status
         assert sleeps == []
     fake.script[B] = [lambda r: httpx.Response(500, json={"retriable": False})]
@@ -213,18 +226,17 @@ def test_errors_retrying_cannot_fix_are_answered_at_once() -> None:
 
 def test_ping_pong_redirects_back_off_and_stop() -> None:
     fake = FakeCluster(leader=2)
-    both = {B: C, C: B}
-    for base, other in both.items():
+    router, sleeps = _router(fake, max_attempts=5)
+    for base, other in {B: C, C: B}.items():
         redirect = _problem(421, "NOT_LEADER_OR_FOLLOWER", leader_id=9, leader_url=other)
         fake.script[base] = [_answer(redirect)] * 100
-    router, sleeps = _router(fake, max_attempts=5)
     assert _produce(router, idempotent=True).status_code == 421
     assert len(fake.sends()) == 5 and len(sleeps) >= 3
 
 
 def test_one_broker_is_used_at_the_url_given() -> None:
     fake = FakeCluster(clustered=False)  # advertises IDS, but is not a cluster
-    router, _ = _router(fake)
+    router, _ = _router(fake, warm=False)
     assert _produce(router, idempotent=False).status_code == 200
     assert fake.sends() == [(A, None)]
     assert router.request("GET", "/v1/topics", idempotent=True).status_code == 200
@@ -233,7 +245,7 @@ def test_one_broker_is_used_at_the_url_given() -> None:
 def test_non_partition_requests_go_to_a_live_broker() -> None:
     fake = FakeCluster(leader=2)
     fake.down.add(A)
-    router, _ = _router(fake, f"{A},{B}")
+    router, _ = _router(fake, f"{A},{B}", warm=False)
     r = router.request("GET", "/v1/topics", idempotent=True)
     assert r.status_code == 200 and fake.log[-1][0] == B and fake.log[-1][2] is None
 
@@ -280,9 +292,10 @@ def test_async_router_redirects_and_fails_over() -> None:
 
     asyncio.run(run())
     assert fake.sends() == [
+        (A, "direct"),  # the bootstrap broker names the leader (421)
         (B, "direct"),
-        (B, "direct"),
+        (B, "direct"),  # the leader moved
         (C, "direct"),
-        (C, "direct"),
+        (C, "direct"),  # the leader died: ask the bootstrap broker, which leads now
         (A, "direct"),
     ]
