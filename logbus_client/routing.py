@@ -224,7 +224,9 @@ class ClusterView:
             return (url, True) if url is not None else (self.home, True)
 
 
-class _Backoff:
+class Backoff:
+    """Delays between attempts: ``first_s`` doubling up to ``max_s``."""
+
     def __init__(self, first_s: float, max_s: float) -> None:
         self.delay = first_s
         self.max_s = max_s
@@ -271,7 +273,7 @@ class _Base:
         if unreachable or status == 421:
             self.view.forget(tp)
 
-    def _redirected(
+    def follow_redirect(
         self, verdict: Verdict, leader: str | None, tp: TopicPartition | None, base: str
     ) -> bool:
         """Follow a 421 that names another broker as the leader of ``tp``."""
@@ -365,7 +367,7 @@ class Router(_Base):
     ) -> httpx.Response:
         """Send ``path`` to the leader of ``partition`` (or to any broker), retrying per the
         module doc. ``idempotent``: a repeat can never be appended twice."""
-        backoff = _Backoff(self.backoff_s, self.backoff_max_s)
+        backoff = Backoff(self.backoff_s, self.backoff_max_s)
         attempts = redirects = 0
         while True:
             attempts += 1
@@ -383,7 +385,7 @@ class Router(_Base):
                     return r
                 if verdict is Verdict.MAYBE and not idempotent:
                     return r
-                if self._redirected(verdict, leader, partition, base):
+                if self.follow_redirect(verdict, leader, partition, base):
                     redirects += 1
                     if redirects == 1:
                         continue  # the first hop to a named leader needs no backoff
@@ -461,7 +463,7 @@ class AsyncRouter(_Base):
         idempotent: bool,
         **kwargs: Any,
     ) -> httpx.Response:
-        backoff = _Backoff(self.backoff_s, self.backoff_max_s)
+        backoff = Backoff(self.backoff_s, self.backoff_max_s)
         attempts = redirects = 0
         while True:
             attempts += 1
@@ -479,7 +481,7 @@ class AsyncRouter(_Base):
                     return r
                 if verdict is Verdict.MAYBE and not idempotent:
                     return r
-                if self._redirected(verdict, leader, partition, base):
+                if self.follow_redirect(verdict, leader, partition, base):
                     redirects += 1
                     if redirects == 1:
                         continue  # the first hop to a named leader needs no backoff
