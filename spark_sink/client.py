@@ -106,6 +106,7 @@ class LogbusClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._router = router(connection, sleep=sleep, transport=transport)
+        self._sleep = sleep
 
     def close(self) -> None:
         self._router.close()
@@ -126,15 +127,36 @@ class LogbusClient:
         return sorted(t["name"] for t in doc["topics"])
 
     def partitions(self, topic: str) -> list[PartitionState] | None:
-        """Log start and high watermark of every partition; None if the topic does not exist."""
-        r = self._request("GET", f"/v1/topics/{quote(topic, safe='')}/partitions")
-        if r.status_code == 404:
-            return None
-        _raise_for(r)
-        return [
-            PartitionState(p["partition"], p["log_start_offset"], p["high_watermark"])
-            for p in r.json()
-        ]
+        """Log start and high watermark of every partition (as its leader has them); None if
+        the topic does not exist. A broker answers -1 for a partition whose leader it cannot
+        reach (it was just killed, an election is under way): the listing is asked again,
+        with the router's backoff, until every leader answers — the driver waits out a
+        failover instead of planning with offsets it does not know."""
+        backoff = Backoff(limits.RETRY_BACKOFF_S, limits.RETRY_BACKOFF_MAX_S)
+        for attempt in range(1, limits.MAX_ATTEMPTS + 1):
+            r = self._request("GET", f"/v1/topics/{quote(topic, safe='')}/partitions")
+            if r.status_code == 404:
+                return None
+            _raise_for(r)
+            states = [
+                PartitionState(p["partition"], p["log_start_offset"], p["high_watermark"])
+                for p in r.json()
+            ]
+            unknown = [
+                s.partition for s in states if s.high_watermark < 0 or s.log_start_offset < 0
+            ]
+            if not unknown:
+                return states
+            if attempt == limits.MAX_ATTEMPTS:
+                raise BrokerError(
+                    f"the leaders of {topic} partitions {unknown} did not answer after "
+                    f"{attempt} attempts",
+                    status=503,
+                    code="LEADER_NOT_AVAILABLE",
+                )
+            log.warning("%s partitions %s: leader unreachable; asking again", topic, unknown)
+            self._sleep(backoff.next())
+        raise AssertionError("unreachable")
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """The first offset with a timestamp >= ``timestamp_ms``, or None if there is none."""
