@@ -55,6 +55,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -355,6 +356,25 @@ class Router(_Base):
         if self.view.needs_refresh:
             self.refresh()
         return self.view.target(tp)
+
+    def leader_url(self, topic: str, partition: int) -> str | None:
+        """The URL of the partition's leader per a fresh listing (``GET
+        /v1/topics/{t}/partitions`` from any broker), retried while it has none (an election,
+        a topic just created), within the attempts; None on one broker, where there is no
+        other. For tools that aim something else (wrk) at the leader."""
+        path = f"/v1/topics/{quote(topic, safe='')}/partitions"
+        backoff = Backoff(self.backoff_s, self.backoff_max_s)
+        for _ in range(self.max_attempts):
+            r = self.request("GET", path, idempotent=True)
+            r.raise_for_status()
+            self.view.apply_partitions(topic, r.json())
+            if not self.view.clustered:
+                return None
+            url, direct = self.view.target((topic, partition))
+            if direct and url == self.view.brokers.get(self.view.leaders.get((topic, partition), -1)):
+                return url
+            self._sleep(backoff.next())
+        raise RoutingError(f"{topic}-{partition} has no leader", maybe_written=False)
 
     def request(
         self,
