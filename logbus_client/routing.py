@@ -371,7 +371,8 @@ class Router(_Base):
             if not self.view.clustered:
                 return None
             url, direct = self.view.target((topic, partition))
-            if direct and url == self.view.brokers.get(self.view.leaders.get((topic, partition), -1)):
+            leader = self.view.leaders.get((topic, partition), -1)
+            if direct and url == self.view.brokers.get(leader):
                 return url
             self._sleep(backoff.next())
         raise RoutingError(f"{topic}-{partition} has no leader", maybe_written=False)

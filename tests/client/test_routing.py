@@ -299,3 +299,48 @@ def test_async_router_redirects_and_fails_over() -> None:
         (C, "direct"),  # the leader died: ask the bootstrap broker, which leads now
         (A, "direct"),
     ]
+
+
+def test_a_producer_session_resends_the_same_sequence_and_moves_on_after_success() -> None:
+    from logbus_client.producer import ProducerSession
+
+    fake = FakeCluster(leader=2)
+    seen: list[tuple[str, str | None]] = []
+    handle = fake.handle
+
+    def producers(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/producers":
+            return httpx.Response(201, json={"producer_id": 12, "producer_epoch": 3})
+        if request.url.path == PRODUCE:
+            seen.append((request.headers["logbus-producer-id"], request.headers["logbus-sequence"]))
+        return handle(request)
+
+    fake.handle = producers  # type: ignore[method-assign]
+    router, _ = _router(fake, warm=False)
+    session = ProducerSession(router, "t")
+    assert session.init().status_code == 201
+    fake.script[B] = [_answer(_problem(503, "NETWORK_EXCEPTION"))]  # may have been written
+    assert session.send(0, b'{"value":1}\n{"value":2}\n', 2).status_code == 200
+    assert session.send(0, b'{"value":3}\n', 1).status_code == 200
+    # A (421 naming B), B (503, maybe written), B again with the same sequence, then the next.
+    assert seen == [("12", "0"), ("12", "0"), ("12", "0"), ("12", "2")]
+
+
+def test_leader_url_waits_for_an_election() -> None:
+    fake = FakeCluster(leader=-1)
+    handle = fake.handle
+    listings = []
+
+    def elect(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/partitions"):
+            listings.append(1)
+            if len(listings) == 3:
+                fake.leader = 3
+        return handle(request)
+
+    fake.handle = elect  # type: ignore[method-assign]
+    router, sleeps = _router(fake, warm=False)
+    assert router.leader_url("t", 0) == C
+    assert len(sleeps) == 2
+    single, _ = _router(FakeCluster(clustered=False), warm=False)
+    assert single.leader_url("t", 0) is None
