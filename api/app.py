@@ -54,6 +54,7 @@ def broker_config(settings: Settings) -> BrokerConfig:
         max_broker_partitions=settings.max_broker_partitions,
         advertised_url=settings.advertised_url,
         replication_port=settings.replication_port,
+        replication_advertised_port=settings.replication_advertised_port,
         replication=ReplicationConfig(
             broker_id=settings.broker_id,
             heartbeat_interval_ms=settings.broker_heartbeat_interval_ms,
@@ -108,6 +109,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 responses.setdefault("400", {k: v for k, v in bad_request.items() if k != "model"})
     _document_names(schema)
     _document_limits(schema, app.state.settings)
+    _document_route(schema)
     components = schema.get("components", {}).get("schemas", {})
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
@@ -118,6 +120,34 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     _exact_int_bounds(schema)
     app.openapi_schema = schema
     return schema
+
+
+# Every call about a partition or a group may be routed by the client (api.fastpath, api.proxy).
+_ROUTE_HEADER = {
+    "name": "Logbus-Route",
+    "in": "header",
+    "required": False,
+    "description": "In a cluster: `forward` (default) lets this broker pass the call to the "
+    "partition's leader, the group's coordinator or the controller; `direct` answers here, "
+    "421 NOT_LEADER_OR_FOLLOWER (naming the leader) where this broker does not lead.",
+    "schema": {"type": "string", "enum": ["forward", "direct"], "default": "forward"},
+}
+
+
+def _document_route(schema: dict[str, Any]) -> None:
+    for path, ops in schema["paths"].items():
+        if not path.startswith(("/v1/topics/{topic}", "/v1/groups/{group}", "/v1/ws")):
+            continue
+        for op in ops.values():
+            op.setdefault("parameters", []).append(dict(_ROUTE_HEADER))
+            op.setdefault("responses", {}).setdefault(
+                "421",
+                {
+                    "description": "Logbus-Route: direct and this broker does not lead the "
+                    "partition (or coordinate the group): the body names the one that does",
+                    "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+                },
+            )
 
 
 # What the broker enforces on names in paths, put in the document (see api.params.NameStr).

@@ -44,6 +44,7 @@ _PARTITION_EXAMPLE: JsonDict = {
     "log_start_offset": 0,
     "high_watermark": 42,
     "log_end_offset": 42,
+    "unclean_elections": 0,
 }
 _TOPIC_EXAMPLE: JsonDict = {
     "name": "orders",
@@ -64,7 +65,10 @@ class TopicCreate(BaseModel):
     )
     name: NameStr = Field(description="1..249 of [a-zA-Z0-9._-], not '.' or '..'")
     partitions: JsonInt = Field(1, ge=1, le=10_000)
-    replication_factor: JsonInt = Field(1, ge=1, le=16)
+    replication_factor: Annotated[JsonInt, Field(ge=1, le=16)] | None = Field(
+        None,
+        description="copies of each partition; default: the broker's default_replication_factor",
+    )
     configs: Annotated[dict[str, ConfigValue], WithJsonSchema(config_schema(False))] = Field(
         default_factory=dict, max_length=100
     )
@@ -92,6 +96,11 @@ class PartitionPublic(BaseModel):
     log_end_offset: int = Field(description="the leader's; -1 when it cannot be reached")
     local_replica: ReplicaPublic | None = Field(
         None, description="this broker's replica, if it holds one"
+    )
+    unclean_elections: int = Field(
+        0,
+        description="leaders elected from outside the ISR so far "
+        "(unclean.leader.election.enable): each may have lost acknowledged records",
     )
 
 

@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     # -- the replicated cluster (docs/operations.md); Kafka's names and defaults --------------
     advertised_url: str | None = None  # how clients and peers reach this broker
     replication_port: int = 0  # the h2c replication listener; 0 = ephemeral, advertised
+    # The replication port peers are told to use when it differs from the bound one (a proxy
+    # or NAT in front of it; the chaos tests route followers through a TCP proxy); 0 = bound.
+    replication_advertised_port: int = 0
     broker_heartbeat_interval_ms: int = 2_000  # lease renewal (KRaft's default)
     broker_session_timeout_ms: int = 9_000  # lease length: a silent broker is fenced after it
     replica_lag_time_max_ms: int = 30_000  # a follower not caught up this long leaves the ISR

@@ -106,6 +106,7 @@ class BrokerConfig:
     # The replicated cluster: on when a metadata URL is given (brokers sharing it form one).
     advertised_url: str | None = None
     replication_port: int = 0  # 0 = ephemeral, advertised through the store
+    replication_advertised_port: int = 0  # what peers are told, if not the bound port
     replication: ReplicationConfig | None = None
     default_replication_factor: int = 1
     auto_leader_rebalance_enable: bool = True
@@ -231,6 +232,7 @@ class Broker:
             self.replicas.handlers[path] = service.handle
         self.forwarder = Forwarder(self.replicas, service)
         port = await self.replicas.start_listener(cfg.host, cfg.replication_port)
+        port = cfg.replication_advertised_port or port
         me = BrokerMeta(cfg.broker_id, cfg.host, cfg.port, cfg.rack, cfg.advertised_url or "", port)
         self.broker_epoch = await asyncio.to_thread(
             self.store.register_broker, me, rcfg.session_timeout_ms
@@ -322,11 +324,14 @@ class Broker:
         self,
         name: str,
         partitions: int = 1,
-        replication_factor: int = 1,
+        replication_factor: int | None = None,
         configs: dict[str, Any] | None = None,
     ) -> TopicMeta:
+        """``replication_factor`` None: the broker's ``default_replication_factor``."""
         validate_topic_name(name)
         _check_partition_count(partitions)
+        if replication_factor is None:
+            replication_factor = self.config.default_replication_factor
         if self.config.clustered:
             return await _completed(
                 self._create_replicated(name, partitions, replication_factor, configs or {})

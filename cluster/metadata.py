@@ -17,6 +17,8 @@ the transaction was rolled back, so the failed call changed nothing and a retry 
 from __future__ import annotations
 
 import functools
+import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
@@ -121,6 +123,9 @@ def _storage_errors(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+ALLOCATION_ATTEMPTS = 5  # producer-id races between brokers are rare and short
+
+
 class MetadataStore:
     @_storage_errors
     def __init__(self, url: str) -> None:
@@ -128,12 +133,21 @@ class MetadataStore:
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         self.engine = sa.create_engine(url, **kwargs)
+        self.writer = self.engine  # every write is one transaction on it
         if url.startswith("sqlite"):
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+            # A deferred SQLite transaction that reads and then writes cannot wait for another
+            # writer (SQLITE_BUSY at once, "database is locked", whatever the busy timeout):
+            # writes take the write lock when they begin, so brokers starting together queue.
+            self.writer = sa.create_engine(url, **kwargs)
+            sa.event.listen(self.writer, "connect", _sqlite_pragmas)
+            sa.event.listen(self.writer, "connect", _sqlite_manual_transactions)
+            sa.event.listen(self.writer, "begin", _sqlite_begin_immediate)
         migrate.upgrade(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
+        self.writer.dispose()
 
     # -- brokers ---------------------------------------------------------------------------------
 
@@ -152,7 +166,7 @@ class MetadataStore:
             "lease_expires_ms": db_now_ms() + session_timeout_ms,
         }
         b = brokers_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             seen = c.execute(
                 sa.select(b.broker_epoch).where(b.broker_id == broker.broker_id)
             ).scalar_one_or_none()
@@ -180,7 +194,7 @@ class MetadataStore:
         """Renew the lease of ``broker_id`` in ``broker_epoch``; False if it has expired (or a
         newer incarnation registered): the broker is fenced and must register again."""
         b = brokers_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             return bool(
                 c.execute(
                     brokers_table.update()
@@ -197,7 +211,7 @@ class MetadataStore:
     def expire_broker(self, broker_id: int, broker_epoch: int) -> None:
         """End the lease now (a clean shutdown): the controller moves leadership at once."""
         b = brokers_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             c.execute(
                 brokers_table.update()
                 .where(b.broker_id == broker_id, b.broker_epoch == broker_epoch)
@@ -234,7 +248,7 @@ class MetadataStore:
         """Take the controller lease if nobody holds a live one; return the new controller
         epoch, or None if another broker holds it."""
         t = controller_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             seen = c.execute(sa.select(t.controller_epoch).where(t.id == CONTROLLER_ROW)).first()
             if seen is None:
                 try:
@@ -274,7 +288,7 @@ class MetadataStore:
     def renew_controller(self, broker_id: int, controller_epoch: int, lease_ms: int) -> bool:
         """Extend the lease held in ``controller_epoch``; False once it has been lost."""
         t = controller_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             return bool(
                 c.execute(
                     controller_table.update()
@@ -291,7 +305,7 @@ class MetadataStore:
     @_storage_errors
     def resign_controller(self, broker_id: int, controller_epoch: int) -> None:
         t = controller_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             c.execute(
                 controller_table.update()
                 .where(t.broker_id == broker_id, t.controller_epoch == controller_epoch)
@@ -338,7 +352,7 @@ class MetadataStore:
             )
             .exists()
         )
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             updated = c.execute(
                 partitions_table.update()
                 .where(
@@ -371,7 +385,7 @@ class MetadataStore:
         broker_id, controller_epoch = controller
         t, p = controller_table.c, partitions_table.c
         applied: list[PartitionMeta] = []
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             live = c.execute(
                 sa.select(t.id).where(
                     t.id == CONTROLLER_ROW,
@@ -409,7 +423,7 @@ class MetadataStore:
     @_storage_errors
     def create_topic(self, topic: TopicMeta) -> TopicMeta:
         try:
-            with self.engine.begin() as c:
+            with self.writer.begin() as c:
                 c.execute(
                     topics_table.insert().values(
                         name=topic.name,
@@ -459,7 +473,7 @@ class MetadataStore:
 
     @_storage_errors
     def delete_topic(self, name: str) -> None:
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             deleted = c.execute(topics_table.delete().where(topics_table.c.name == name)).rowcount
             if not deleted:
                 raise UnknownTopicOrPartitionError(f"unknown topic {name!r}", topic=name)
@@ -479,7 +493,7 @@ class MetadataStore:
         values: dict[str, Any] = {"version": seen_version + 1}
         if configs is not None:
             values["configs"] = configs
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             if add_partitions:
                 count = c.execute(
                     sa.select(topics_table.c.partitions).where(topics_table.c.name == name)
@@ -506,8 +520,21 @@ class MetadataStore:
         Without a name: a fresh id (ids come from a persisted counter and are never reused)
         and epoch 0. With a name (Kafka's ``transactional.id``): the same id with the epoch
         bumped, which fences every older session of that name; a fresh id past epoch 32767.
+        Brokers allocating at the same moment race on the counter (or on a name's first row):
+        the loser tries again, a few times.
         """
-        with self.engine.begin() as c:
+        for attempt in range(ALLOCATION_ATTEMPTS):
+            try:
+                return self._init_producer(name)
+            except (ConcurrentUpdateError, IntegrityError):
+                if attempt == ALLOCATION_ATTEMPTS - 1:
+                    raise ConcurrentUpdateError(
+                        "producer id allocation kept racing; retry"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    def _init_producer(self, name: str | None) -> tuple[int, int]:
+        with self.writer.begin() as c:
             row = None
             if name is not None:
                 row = c.execute(
@@ -535,7 +562,7 @@ class MetadataStore:
         """(producer id, digest, new) recorded for ``key``: a fresh id and ``digest`` for a new
         key (committed before the caller appends anything; new = True), the stored pair for a
         known one. Keys older than the window are forgotten first."""
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             c.execute(
                 idempotency_keys_table.delete().where(
                     idempotency_keys_table.c.created_ms < now_ms - window_ms
@@ -557,7 +584,7 @@ class MetadataStore:
     def release_idempotency_key(self, key: str, digest: str) -> None:
         """Forget ``key`` if it still stands for ``digest``: its request was rejected before
         anything was appended, so a corrected retry may claim it afresh."""
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             c.execute(
                 idempotency_keys_table.delete().where(
                     (idempotency_keys_table.c.key == key)
@@ -576,26 +603,25 @@ class MetadataStore:
     def allocate_producer_ids(self, count: int) -> range:
         """A block of ``count`` fresh producer ids for one broker to hand out (never reused:
         the counter only grows)."""
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             first = self._next_producer_id(c, count)
         return range(first, first + count)
 
     @staticmethod
     def _next_producer_id(c: sa.Connection, count: int = 1) -> int:
-        current = c.execute(
-            sa.select(counters_table.c.value).where(counters_table.c.name == PRODUCER_ID_COUNTER)
+        """Take ``count`` ids: one atomic increment (the row lock orders concurrent brokers);
+        the first allocation ever creates the row, and a broker racing it retries."""
+        counter = counters_table.c
+        after = c.execute(
+            counters_table.update()
+            .where(counter.name == PRODUCER_ID_COUNTER)
+            .values(value=counter.value + count)
+            .returning(counter.value)
         ).scalar_one_or_none()
-        if current is None:
+        if after is None:
             c.execute(counters_table.insert().values(name=PRODUCER_ID_COUNTER, value=count))
             return 0
-        updated = c.execute(
-            counters_table.update()
-            .where(counters_table.c.name == PRODUCER_ID_COUNTER, counters_table.c.value == current)
-            .values(value=current + count)
-        ).rowcount
-        if not updated:  # another broker took it first (PostgreSQL): the caller retries
-            raise ConcurrentUpdateError("producer id allocation raced; retry")
-        return int(current)
+        return int(after) - count
 
 
 def _bump_version(c: sa.Connection) -> None:
@@ -619,11 +645,42 @@ def _bump_version(c: sa.Connection) -> None:
             )
 
 
+def _sqlite_manual_transactions(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.isolation_level = None  # pysqlite would BEGIN (deferred) on its own
+
+
+def _sqlite_begin_immediate(conn: sa.Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+SQLITE_WAL_SWITCH_S = 30.0  # as long as the busy timeout of every other statement
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    """WAL and full sync on every new SQLite connection.
+
+    WAL mode is stored in the file, so only the first connection ever changes it; switching
+    needs an exclusive lock for which SQLite does not always call the busy handler, and brokers
+    started together died at start with "database is locked" (1 start in 30 with 6 at once).
+    So the mode is read first and set only when needed, and a busy database is retried
+    (every 50 ms, for as long as the busy timeout would wait)."""
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=FULL")
-    cur.close()
+    try:
+        deadline = time.monotonic() + SQLITE_WAL_SWITCH_S
+        while True:
+            try:
+                (mode,) = cur.execute("PRAGMA journal_mode").fetchone()
+                if str(mode).lower() != "wal":
+                    cur.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as e:
+                busy = "locked" in str(e) or "busy" in str(e)
+                if not busy or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        cur.execute("PRAGMA synchronous=FULL")
+    finally:
+        cur.close()
 
 
 def _partition_row(p: PartitionMeta) -> dict[str, Any]:

@@ -195,9 +195,14 @@ class ReplicaManager:
 
     async def apply(self, version: int, topics: list[TopicMeta], brokers: list[BrokerMeta]) -> None:
         async with self._apply_lock:
+            if version < self.metadata_version:
+                # Two refreshes ran at once (the watcher and a caller's refresh) and the older
+                # snapshot reached the lock second: applying it would bring back rows and
+                # topics already replaced (a broker then lost a topic it had just created and
+                # leads, and failed its start-up).
+                return
             self.brokers = {b.broker_id: b for b in brokers}
             rows = {(r.topic, r.partition): r for t in topics for r in t.assignments}
-            configs = {t.name: t for t in topics}
             for listener in self.on_topics:
                 listener(topics)
             for t in topics:
@@ -215,7 +220,7 @@ class ReplicaManager:
                     continue
                 part = await self._local(tp)
                 config = self.log_config(tp[0])
-                fsync = configs[tp[0]].configs.get("durability") == "fsync"
+                fsync = config.fsync_durability
                 if row.leader == self.me:
                     await self._lead(tp, row, part, config, fsync)
                 elif row.leader != NO_LEADER:
@@ -257,6 +262,7 @@ class ReplicaManager:
         state = _state(row)
         current = self.leading.get(tp)
         if current is not None and current.replica.leader_epoch == row.leader_epoch:
+            current.fsync = current.replica.fsync_durability = fsync  # the config may change
             if row.partition_epoch > current.replica.state.partition_epoch:
                 current.replica.apply(state)
                 self._advance(current)
@@ -288,6 +294,7 @@ class ReplicaManager:
             and current.replica.leader_epoch == row.leader_epoch
         ):
             current.backoff = False
+            current.fsync = fsync  # the topic's durability may have been altered
             return
         await self._stop_roles(tp, "following")
         self.following[tp] = Following(
@@ -305,6 +312,8 @@ class ReplicaManager:
             return leading
         row = self.rows.get((topic, partition))
         leader = row.leader if row is not None else NO_LEADER
+        if leader == self.me:  # our lease lapsed: the rows we hold are stale, name nobody
+            leader = NO_LEADER
         b = self.brokers.get(leader)
         raise NotLeaderError(
             f"broker {self.me} does not lead {topic}-{partition}"
@@ -340,7 +349,7 @@ class ReplicaManager:
         )
         self._wake_fetches()
         self._advance(leading)
-        if wait_for_isr and not result.duplicate:
+        if wait_for_isr:  # a duplicate too: the first attempt may have timed out uncommitted
             await self._wait_committed(leading, result.last_offset + 1)
         return result
 
@@ -678,10 +687,12 @@ class ReplicaManager:
             return False
         if len(data):
             await part.append(bytes(data), as_follower=True, durable=f.fsync)
+        # The HW first: the log start may not pass it, and records below the leader's log start
+        # (which may differ from what the leader deleted) must go in this same step.
+        part.set_high_watermark(FollowerReplica.high_watermark(answer, lg.log_end_offset))
         if answer.log_start_offset > lg.log_start_offset:
             with contextlib.suppress(LogbusError):
                 await asyncio.to_thread(lg.increment_log_start_offset, answer.log_start_offset)
-        part.set_high_watermark(FollowerReplica.high_watermark(answer, lg.log_end_offset))
         return False
 
     def _now_ms(self) -> int:

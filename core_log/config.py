@@ -32,6 +32,14 @@ _INT_TEXT = re.compile(r"-?(0|[1-9][0-9]{0,18})")
 COMPRESSION_TYPES = ("producer", "uncompressed", "none", "gzip", "snappy", "lz4", "zstd")
 CLEANUP_POLICIES = ("delete", "compact", "compact,delete")
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+# ``durability`` (beyond Kafka): when a replicated record counts as committed.
+# "replicated" (default, Kafka's rule): once min.insync.replicas brokers hold it, in memory (the
+#   page cache); disks catch up per flush.ms / flush.messages. Survives losing brokers, not a
+#   power loss of all of them at once. Not called "none": the data is durable by replication.
+# "fsync": once min.insync.replicas brokers have fsynced it (the high watermark waits for
+#   their fsyncs), so even a simultaneous power loss of every broker keeps what was
+#   acknowledged with acks=all; costs an fsync per follower fetch and per acks=all append.
+DURABILITY_MODES = ("replicated", "fsync")
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ _KEYS = (
     _Key("cleanup.policy", "cleanup_policy", str, "delete", choices=CLEANUP_POLICIES),
     _Key("compression.type", "compression_type", str, "producer", choices=COMPRESSION_TYPES),
     _Key("delete.retention.ms", "delete_retention_ms", int, 86_400_000, 0, LONG_MAX),
+    _Key("durability", "durability", str, "replicated", choices=DURABILITY_MODES),
     _Key("flush.messages", "flush_messages", int, LONG_MAX, 1, LONG_MAX),
     _Key("flush.ms", "flush_ms", int, 1000, 0, LONG_MAX),
     _Key("index.interval.bytes", "index_interval_bytes", int, 4096, 0, 2**31 - 1),
@@ -80,6 +89,7 @@ class LogConfig:
     cleanup_policy: str = "delete"
     compression_type: str = "producer"
     delete_retention_ms: int = 86_400_000
+    durability: str = "replicated"
     flush_messages: int = LONG_MAX
     flush_ms: int = 1000
     index_interval_bytes: int = 4096
@@ -103,6 +113,11 @@ class LogConfig:
     @property
     def delete(self) -> bool:
         return "delete" in self.cleanup_policy
+
+    @property
+    def fsync_durability(self) -> bool:
+        """``durability=fsync``: the high watermark covers only what min ISR replicas fsynced."""
+        return self.durability == "fsync"
 
     @property
     def log_append_time(self) -> bool:

@@ -77,6 +77,7 @@ async def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
                 high_watermark=hw,
                 log_end_offset=leo,
                 local_replica=local,
+                unclean_elections=a.unclean_elections,
             )
         )
     return out

@@ -32,6 +32,7 @@ PARTITION_FIELDS = {
     "high_watermark",
     "log_end_offset",
     "local_replica",
+    "unclean_elections",
 }
 
 

@@ -8,6 +8,7 @@ broker leads, one follows and one holds no replica — every path is exercised.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -381,3 +382,21 @@ def test_partition_listing_gives_the_leaders_offsets_on_every_broker(
             assert p0["local_replica"] is None
         else:
             assert p0["local_replica"]["broker_id"] == i
+
+
+def test_the_leader_exports_isr_and_follower_lag_metrics(
+    cluster: tuple[str, dict[int, str]],
+) -> None:
+    url, urls = cluster
+    row = _row(url, 2)
+    leader = urls[row.leader]
+    follower = next(r for r in row.replicas if r != row.leader)
+    assert _produce(leader, 2, ["m"]).status_code == 200
+    text = httpx.get(f"{leader}/metrics", timeout=10).text
+    assert f'logbus_partition_isr_size{{partition="2",topic="{TOPIC}"}} 2.0' in text
+    assert f'logbus_partition_under_replicated{{partition="2",topic="{TOPIC}"}} 0.0' in text
+    lag = re.search(
+        rf'logbus_replica_lag_records{{follower="{follower}",partition="2",topic="{TOPIC}"}} (\S+)',
+        text,
+    )
+    assert lag is not None and float(lag[1]) >= 0  # acks=all: the follower has fetched

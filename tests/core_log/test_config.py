@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from core_log.config import (
     CLEANUP_POLICIES,
     COMPRESSION_TYPES,
+    DURABILITY_MODES,
     KEYS_BY_NAME,
     LONG_MAX,
     TIMESTAMP_TYPES,
@@ -49,6 +50,7 @@ INT_KEYS: dict[str, tuple[str, int, int, int]] = {
 STR_KEYS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "cleanup.policy": ("cleanup_policy", "delete", CLEANUP_POLICIES),
     "compression.type": ("compression_type", "producer", COMPRESSION_TYPES),
+    "durability": ("durability", "replicated", DURABILITY_MODES),
     "message.timestamp.type": ("timestamp_type", "CreateTime", TIMESTAMP_TYPES),
 }
 ALL_KEYS = {*INT_KEYS, *STR_KEYS, "min.cleanable.dirty.ratio", "unclean.leader.election.enable"}

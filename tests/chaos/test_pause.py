@@ -1,0 +1,105 @@
+"""Chaos: SIGSTOP a leader for longer than the session timeout while writes continue, SIGCONT.
+
+While the leader L of a partition is stopped, its lease expires in the store, the controller
+elects another leader in a higher epoch, and writes to that partition go on there (the test
+sends one batch to the new leader while L is still stopped). The producers' requests that were
+in flight at L, or queued in its socket when it stopped, stay unanswered until SIGCONT; then
+L finds its lease lapsed (its monotonic clock says no renewal for longer than the session
+timeout), so every one of them must be answered with an error, never 200: their records may
+exist only in L's log. L is fenced (registers again with a higher broker epoch), follows the
+new leader, truncates what the new leader does not have and rejoins the ISR. Afterwards the
+checker finds no anomaly and the replicas are byte-identical up to the high watermark.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.chaos.harness import (
+    Attempt,
+    ChaosClient,
+    ChaosCluster,
+    check_replicas_identical,
+    eventually,
+    running_cluster,
+)
+
+TOPIC = "paused"
+PARTITIONS = 2
+PAUSE_CLIENT_TIMEOUT_S = 120.0  # longer than the pause: requests held by L get L's answer
+
+
+def test_paused_leader_is_fenced_and_its_pending_writes_fail(
+    tmp_path: Path, metadata_url: str, seed: int, failure_report: list[str]
+) -> None:
+    cluster = ChaosCluster(tmp_path, metadata_url, seed=seed)
+    failure_report.append(cluster.failure_report())
+    with running_cluster(cluster):
+        cluster.create_topic(TOPIC, PARTITIONS)
+        client = ChaosClient(
+            cluster,
+            TOPIC,
+            PARTITIONS,
+            writers_per_partition=2,
+            client_timeout_s=PAUSE_CLIENT_TIMEOUT_S,
+        )
+        failure_report.append(f"history: {client.history_path}")
+        try:
+            client.start()
+            p = cluster.rng.randrange(PARTITIONS)
+            client.wait_acked(20, f"writes to partition {p}", partition=p)
+            before = cluster.row(TOPIC, p)
+            paused = before.leader
+            epoch_before = _broker_epoch(cluster, paused)
+
+            cluster.pause(paused)
+            after = eventually(
+                lambda: (lambda r: r if r.leader not in (paused, -1) else None)(
+                    cluster.row(TOPIC, p)
+                ),
+                f"a new leader of {p} while broker {paused} is stopped",
+            )
+            assert after.leader_epoch > before.leader_epoch and paused not in after.isr
+            # Writes go on at the new leader while the old one is still stopped.
+            assert client.produce_now(p, [f"during-pause-{seed}"], after.leader)
+            assert not cluster.running(paused)
+            resumed_at = time.monotonic()
+            cluster.resume(paused)
+
+            # Every request L held across the pause is answered, and none with 200.
+            def held_answered() -> list[Attempt] | None:
+                held = [
+                    a
+                    for a in client.attempts_to(paused)
+                    if a.started < resumed_at and a.ended > resumed_at
+                ]
+                return held or None
+
+            held = eventually(held_answered, f"the requests broker {paused} held")
+            client.wait_acked(10, f"writes to {p} after the pause", partition=p)
+            held = held_answered() or []
+            assert all(a.status != 200 for a in held), held
+
+            # Fenced: a new incarnation; then it follows, truncates and rejoins every ISR.
+            eventually(
+                lambda: _broker_epoch(cluster, paused) > epoch_before or None,
+                f"broker {paused} registered again",
+            )
+            cluster.wait_healthy(TOPIC)
+            client.wait_acked(10, "writes with the full ISR back")
+        finally:
+            client.stop()
+        try:
+            hws = cluster.wait_converged(TOPIC)
+            client.final_read(hws)
+            anomalies = client.check()
+            assert anomalies is None, f"{anomalies}\n{cluster.failure_report()}"
+            diff = check_replicas_identical(cluster, TOPIC, hws)
+            assert diff is None, f"{diff}\n{cluster.failure_report()}"
+        finally:
+            client.close()
+
+
+def _broker_epoch(cluster: ChaosCluster, broker: int) -> int:
+    return next(b.broker_epoch for b in cluster.store.brokers() if b.broker_id == broker)
