@@ -1,8 +1,12 @@
 """Client subcommands of ``logbus`` (topics, produce, consume, bench): HTTP to a broker.
 
 Every command talks to ``--url`` (default ``$LOGBUS_URL`` or ``http://127.0.0.1:8080``) with a
-timeout on every request. A broker error (``application/problem+json``) is printed on one line of
-stderr — ``CODE (status): detail`` — and the command exits 1; a usage error exits 2.
+timeout on every request. ``--url`` may list several brokers of a cluster, comma-separated:
+``produce`` and ``consume`` then route each partition's requests to its leader through
+:mod:`logbus_client.routing` (421 redirects followed, another broker asked when one is gone,
+bounded retries); the other commands talk to the first URL (any broker answers them). A broker
+error (``application/problem+json``) is printed on one line of stderr — ``CODE (status):
+detail`` — and the command exits 1; a usage error exits 2.
 
 * ``topics create|list|describe|alter|delete``: tables for people, ``--json`` for programs.
 * ``produce``: lines from stdin, batched into NDJSON requests. The client picks each record's
@@ -11,6 +15,11 @@ stderr — ``CODE (status): detail`` — and the command exits 1; a usage error 
   Kafka's per-partition order: at most one request per partition is in flight (``--unordered``
   lifts that), the next batches are encoded while it travels. A batch also leaves after
   ``--linger-ms`` without new input, so ``tail -f app.log | logbus produce logs`` works.
+  Produce is idempotent, as Kafka's producer is by default: the command opens a producer session
+  (``POST /v1/producers``) and numbers each partition's records, so a request whose answer was
+  lost (a leader killed mid-request) is sent again and the broker appends it once; with
+  ``--unordered`` each request carries an ``Idempotency-Key`` instead. A request is then one
+  batch, so it carries at most :data:`MAX_IDEMPOTENT_BODY_BYTES`.
 * ``consume``: one fetch loop per partition (asyncio, so a quiet partition's long poll does not
   hold up the others); without ``--follow`` it stops at the high watermarks seen at start.
   Records are fetched as binary record batches and decoded here (see :class:`_Fetcher`).
@@ -42,6 +51,10 @@ if TYPE_CHECKING:
     import httpx
 
     from core_log.batch import Record
+    from logbus_client.producer import ProducerSession
+    from logbus_client.routing import AsyncRouter, Router
+
+_UA = {"user-agent": "logbus-cli"}
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT_S = 30.0
@@ -49,7 +62,10 @@ LONG_POLL_MS = 30_000  # below the broker's max_wait_ms (60 s)
 BATCH_TYPE = "application/vnd.logbus.batch"
 MAX_BATCH_LINES = 100_000  # the broker's max_records_per_request
 MAX_BODY_BYTES = 8 * 1024 * 1024  # well below the broker's max_request_bytes (64 MiB)
-CONNECT_RETRIES = 1  # only connection establishment is retried: a produce is not idempotent
+# An idempotent produce request is appended as one batch, which must fit the topic's
+# max.message.bytes (1 MiB by default); half of it leaves room for the batch's own overhead.
+MAX_IDEMPOTENT_BODY_BYTES = 512 * 1024
+CONNECT_RETRIES = 1  # the commands without routing retry only connection establishment
 
 _ENVELOPE = frozenset(("type", "title", "status", "code", "retriable", "detail", "errors"))
 
@@ -88,7 +104,8 @@ def add_connection_options(parser: argparse.ArgumentParser, dest_prefix: str = "
         "--url",
         dest=f"{dest_prefix}url",
         default=None,
-        help=f"broker URL (default: $LOGBUS_URL or {DEFAULT_URL})",
+        help=f"broker URL, or several of a cluster comma-separated (default: $LOGBUS_URL or "
+        f"{DEFAULT_URL})",
     )
     parser.add_argument(
         "--timeout",
@@ -414,11 +431,43 @@ def _stdout_to_devnull() -> None:
     os.close(devnull)
 
 
+def _urls(args: argparse.Namespace) -> list[str]:
+    from logbus_client.routing import parse_bootstrap
+
+    try:
+        return parse_bootstrap(str(args.url))
+    except ValueError as e:
+        raise CliError(f"--url must be http:// or https:// URLs, comma-separated: {e}", 2) from None
+
+
 def _base_url(args: argparse.Namespace) -> str:
-    url = str(args.url).rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise CliError(f"--url must start with http:// or https://, got {args.url!r}", 2)
-    return url
+    return _urls(args)[0]
+
+
+def _router(args: argparse.Namespace, pool: int = 4) -> Router:
+    """Partition requests to their leaders, over every broker ``--url`` names."""
+    from logbus_client.routing import Router
+
+    return Router(_urls(args), timeout=args.timeout, headers=_UA, pool=pool)
+
+
+def _unreachable(router: Router | AsyncRouter, method: str, path: str, e: Exception) -> CliError:
+    """A routed request that no broker answered (a :class:`RoutingError`)."""
+    where = ", ".join(router.bootstrap)
+    maybe = " (it may or may not have been written)" if getattr(e, "maybe_written", False) else ""
+    return CliError(f"{method} {path}: cannot reach the brokers at {where}{maybe}: {e}")
+
+
+def _routed(router: Router, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """A non-partition request through ``router`` (idempotent: reads and producer init)."""
+    from logbus_client.routing import RoutingError
+
+    try:
+        response = router.request(method, path, idempotent=True, **kwargs)
+    except RoutingError as e:
+        raise _unreachable(router, method, path, e) from None
+    _raise_for_problem(response)
+    return response
 
 
 def _client(args: argparse.Namespace, pool: int = 4) -> httpx.Client:
@@ -733,23 +782,31 @@ class _Sender:
     """Up to ``max_in_flight`` batches queued or in flight; per partition in order unless told.
 
     With ``ordered``, a batch waits for the previous batch of its partition, so only one request
-    per partition travels at a time while the following batches are already encoded.
+    per partition travels at a time while the following batches are already encoded; requests
+    carry the producer session's sequence numbers. Without, each carries an Idempotency-Key.
+    Either way the router may send a request again after a failure, and the broker appends it
+    once.
     """
 
     def __init__(
         self,
-        client: httpx.Client,
+        router: Router,
+        session: ProducerSession | None,
         topic: str,
         acks: str,
         max_in_flight: int,
-        ordered: bool,
         on_ack: Callable[[int, int], None],
     ) -> None:
-        self.client = client
+        import uuid
+
+        self.router = router
+        self.session = session
         self.topic = topic
         self.params = {"acks": acks}
-        self.ordered = ordered
+        self.ordered = session is not None
         self.on_ack = on_ack
+        self.key_prefix = f"logbus-cli-{uuid.uuid4().hex}"
+        self.requests = 0
         self.pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="logbus-produce")
         self.slots = threading.BoundedSemaphore(max_in_flight)
         self.last: dict[int, Future[None]] = {}
@@ -761,24 +818,45 @@ class _Sender:
         self.check()
         prev = self.last.get(partition) if self.ordered else None
         body = b"".join(lines)
-        self.last[partition] = self.pool.submit(self._send, prev, partition, body, len(lines), size)
+        key = f"{self.key_prefix}-{self.requests}"
+        self.requests += 1
+        self.last[partition] = self.pool.submit(
+            self._send, prev, partition, body, len(lines), size, key
+        )
 
     def _send(
-        self, prev: Future[None] | None, partition: int, body: bytes, count: int, size: int
+        self,
+        prev: Future[None] | None,
+        partition: int,
+        body: bytes,
+        count: int,
+        size: int,
+        key: str,
     ) -> None:
+        from logbus_client.routing import RoutingError
+
+        path = _topic_path(self.topic, "partitions", partition, "records")
         try:
             if prev is not None:
                 wait_futures([prev])
             if self.error is not None:
                 return
-            response = _request(
-                self.client,
-                "POST",
-                _topic_path(self.topic, "partitions", partition, "records"),
-                params=self.params,
-                content=body,
-                headers={"content-type": "application/x-ndjson"},
-            )
+            try:
+                if self.session is not None:
+                    response = self.session.send(partition, body, count, params=self.params)
+                else:
+                    response = self.router.request(
+                        "POST",
+                        path,
+                        partition=(self.topic, partition),
+                        idempotent=True,
+                        params=self.params,
+                        content=body,
+                        headers={"content-type": "application/x-ndjson", "idempotency-key": key},
+                    )
+            except RoutingError as e:
+                raise _unreachable(self.router, "POST", path, e) from None
+            _raise_for_problem(response)
             if response.status_code == 202:  # acks=0
                 count = int(response.headers.get("logbus-record-count", count))
             self.on_ack(count, size)
@@ -799,11 +877,22 @@ class _Sender:
 def _produce(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    with _client(args, pool=args.max_in_flight) as client:
-        topic = _request(client, "GET", _topic_path(args.topic)).json()
+    from logbus_client.producer import ProducerSession
+
+    with _router(args, pool=args.max_in_flight) as router:
+        topic = _routed(router, "GET", _topic_path(args.topic)).json()
         partitions: int = topic["partitions"]
         if args.partition is not None and args.partition >= partitions:
             raise CliError(f"topic {args.topic} has {partitions} partition(s): no {args.partition}")
+        router.view.apply_partitions(args.topic, topic.get("partition_details") or [])
+        session = None
+        if not args.unordered:
+            session = ProducerSession(router, args.topic)
+            try:
+                init = session.init()
+            except Exception as e:
+                raise _unreachable(router, "POST", "/v1/producers", e) from None
+            _raise_for_problem(init)
         encoder = _Encoder(args, partitions)
         show = sys.stderr.isatty() if args.progress is None else args.progress
         bar = tqdm(
@@ -823,9 +912,7 @@ def _produce(args: argparse.Namespace) -> int:
                 acked[1] += size
                 bar.update(count)
 
-        sender = _Sender(
-            client, args.topic, args.acks, args.max_in_flight, not args.unordered, on_ack
-        )
+        sender = _Sender(router, session, args.topic, args.acks, args.max_in_flight, on_ack)
         started = time.monotonic()
         try:
             _produce_loop(args, encoder, sender, _StdinLines(sys.stdin.fileno()))
@@ -859,6 +946,7 @@ def _produce_loop(
     payload: dict[int, int] = {}  # input bytes per buffer
     linger = args.linger_ms / 1000
     deadline: float | None = None
+    max_body = MAX_IDEMPOTENT_BODY_BYTES  # every request is idempotent (one batch)
 
     def flush(p: int) -> None:
         lines = buffers.pop(p)
@@ -883,13 +971,15 @@ def _produce_loop(
             if encoded is None:
                 continue
             p, record, size = encoded
+            if p in buffers and sizes[p] + len(record) > max_body:
+                flush(p)  # one batch per request: keep it within max.message.bytes
             if p in buffers:
                 buffers[p].append(record)
                 sizes[p] += len(record)
                 payload[p] += size
             else:
                 buffers[p], sizes[p], payload[p] = [record], len(record), size
-            if len(buffers[p]) >= args.batch_size or sizes[p] >= MAX_BODY_BYTES:
+            if len(buffers[p]) >= args.batch_size:
                 flush(p)
         sender.check()
         if not buffers:
@@ -922,16 +1012,14 @@ async def _consume_async(args: argparse.Namespace) -> int:
 
     import httpx
 
+    from logbus_client.routing import AsyncRouter
+
     timeout = httpx.Timeout(args.timeout, read=args.timeout + LONG_POLL_MS / 1000)
-    async with httpx.AsyncClient(
-        base_url=_base_url(args),
-        timeout=timeout,
-        transport=httpx.AsyncHTTPTransport(retries=CONNECT_RETRIES),
-        headers={"user-agent": "logbus-cli"},
-    ) as client:
-        fetcher = _Fetcher(client, args)
+    async with AsyncRouter(_urls(args), timeout=timeout, headers=_UA, pool=16) as router:
+        fetcher = _Fetcher(router, args)
         topic = await fetcher.get_json(_topic_path(args.topic))
         details = {d["partition"]: d for d in topic["partition_details"]}
+        router.view.apply_partitions(args.topic, topic["partition_details"])
         if args.partition is None:
             parts = sorted(details)
         elif args.partition in details:
@@ -973,7 +1061,7 @@ class _Fetcher:
     renders with the broker's own :func:`api.records_codec.record_to_json`.
     """
 
-    def __init__(self, client: httpx.AsyncClient, args: argparse.Namespace) -> None:
+    def __init__(self, router: AsyncRouter, args: argparse.Namespace) -> None:
         import orjson
 
         from core_log.batch import decode_records, scan_batches
@@ -981,7 +1069,7 @@ class _Fetcher:
 
         from .records_codec import record_to_json
 
-        self.client = client
+        self.router = router
         self.topic: str = args.topic
         self.follow: bool = args.follow
         self.start: tuple[str, int] = args.start
@@ -997,17 +1085,24 @@ class _Fetcher:
         self.out = sys.stdout.buffer
 
     async def get(
-        self, path: str, params: dict[str, Any] | None = None, binary: bool = False
+        self,
+        path: str,
+        params: dict[str, Any] | None = None,
+        binary: bool = False,
+        partition: int | None = None,
     ) -> httpx.Response:
-        import httpx
+        """A GET routed to ``partition``'s leader (or to any broker), retried per
+        :mod:`logbus_client.routing`; CliError when no broker answers."""
+        from logbus_client.routing import RoutingError
 
         headers = {"accept": BATCH_TYPE} if binary else None
+        tp = None if partition is None else (self.topic, partition)
         try:
-            return await self.client.get(path, params=params, headers=headers)
-        except httpx.TimeoutException:
-            raise CliError(f"GET {self.client.base_url}{path}: no answer in time") from None
-        except httpx.TransportError as e:
-            raise CliError(f"cannot reach the broker at {self.client.base_url}: {e}") from None
+            return await self.router.request(
+                "GET", path, partition=tp, idempotent=True, params=params, headers=headers
+            )
+        except RoutingError as e:
+            raise _unreachable(self.router, "GET", path, e) from None
 
     async def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
         response = await self.get(path, params)
@@ -1069,7 +1164,7 @@ class _Fetcher:
         delay = 0.5
         while True:
             try:
-                response = await self.get(path, params, binary=True)
+                response = await self.get(path, params, binary=True, partition=partition)
             except CliError as e:
                 if not self.follow:
                     raise

@@ -11,6 +11,11 @@ One run measures, on loopback with 100-byte records:
 Request-rate and throughput runs use ``wrk`` (C, one thread: the server keeps the other core);
 the latency run is an asyncio client. Every figure is printed with its target and its ratio to
 the machine limit. ``--json`` saves them, ``--plot`` draws them.
+
+``--url`` may list several brokers of a cluster, comma-separated: the setup (topics) goes
+through :class:`logbus_client.routing.Router` (any broker, retried), and every measurement is
+aimed at the leader of its topic's partition with ``Logbus-Route: direct``, so a forwarding
+hop never enters a figure (a 421 would count as a failed request and stop the run).
 """
 
 from __future__ import annotations
@@ -113,6 +118,7 @@ _LUA = """
 wrk.method = "{method}"
 wrk.headers["Content-Type"] = "{content_type}"
 wrk.headers["Accept"] = "{accept}"
+{route}
 {body}
 """
 
@@ -135,6 +141,7 @@ def run_wrk(
     body: bytes | None = None,
     content_type: str = "application/json",
     accept: str = "application/json",
+    direct: bool = False,
 ) -> WrkResult:
     body_lua = ""
     if body is not None:
@@ -143,7 +150,13 @@ def run_wrk(
         body_lua = f'local f = io.open("{body_path}", "rb")\nwrk.body = f:read("*all")\nf:close()'
     script = workdir / "bench.lua"
     script.write_text(
-        _LUA.format(method=method, content_type=content_type, accept=accept, body=body_lua)
+        _LUA.format(
+            method=method,
+            content_type=content_type,
+            accept=accept,
+            body=body_lua,
+            route='wrk.headers["Logbus-Route"] = "direct"' if direct else "",
+        )
     )
     cmd = [
         "wrk",
@@ -193,14 +206,18 @@ def json_body(n: int) -> bytes:
 
 
 async def produce_to_consume_latency(
-    base: str, topic: str, rate_per_s: int, seconds: float
+    base: str, topic: str, rate_per_s: int, seconds: float, direct: bool = False
 ) -> tuple[float, float, int]:
-    """p50/p99 (ms) from sending a record to a long-polling consumer receiving it."""
+    """p50/p99 (ms) from sending a record to a long-polling consumer receiving it (``base``:
+    the partition's leader; ``direct``: say so, so that no broker forwards)."""
     sent: dict[int, float] = {}
     latencies: list[float] = []
     stop = asyncio.Event()
     limits = httpx.Limits(max_connections=4)
-    async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
+    headers = {"logbus-route": "direct"} if direct else None
+    async with httpx.AsyncClient(
+        base_url=base, timeout=30, limits=limits, headers=headers
+    ) as client:
         start_offset = (await client.get(f"/v1/topics/{topic}/partitions/0/offsets")).json()[
             "offset"
         ]
@@ -250,22 +267,39 @@ async def produce_to_consume_latency(
 # -- the run -----------------------------------------------------------------------------------
 
 
+TOPICS = ("bench-bin", "bench-json", "bench-small", "bench-small-all", "bench-lat")
+
+
+def prepare(urls: str) -> tuple[dict[str, str], bool]:
+    """(Re)create the benchmark's topics through any broker; each topic's partition-0 leader
+    URL (the broker given, on one broker), and whether that is a cluster."""
+    from logbus_client.routing import Router
+
+    leaders: dict[str, str] = {}
+    with Router(urls, timeout=60) as router:
+        for name in TOPICS:
+            router.request("DELETE", f"/v1/topics/{name}", idempotent=True)
+            r = router.request("POST", "/v1/topics", idempotent=False, json={"name": name})
+            r.raise_for_status()
+        for name in TOPICS:
+            leaders[name] = router.leader_url(name, 0) or router.view.home
+        return leaders, bool(router.view.clustered)
+
+
 def run(url: str, workdir: Path, seconds: float, raw_mb_s: float, loop_mb_s: float) -> list[Figure]:
     figures: list[Figure] = []
-    with httpx.Client(base_url=url, timeout=60) as c:
-        for name in ("bench-bin", "bench-json", "bench-small", "bench-small-all", "bench-lat"):
-            c.delete(f"/v1/topics/{name}")
-            c.post("/v1/topics", json={"name": name, "partitions": 1}).raise_for_status()
+    leader, direct = prepare(url)
 
     batch, batch_records = binary_batch()
     r = run_wrk(
-        f"{url}/v1/topics/bench-bin/partitions/0/records?acks=1",
+        f"{leader['bench-bin']}/v1/topics/bench-bin/partitions/0/records?acks=1",
         workdir,
         seconds=seconds,
         connections=4,
         method="POST",
         body=batch,
         content_type="application/vnd.logbus.batch",
+        direct=direct,
     )
     mb_s = r.requests_per_s * len(batch) / 1e6
     figures.append(
@@ -282,12 +316,13 @@ def run(url: str, workdir: Path, seconds: float, raw_mb_s: float, loop_mb_s: flo
 
     body = json_body(1000)
     r = run_wrk(
-        f"{url}/v1/topics/bench-json/records",
+        f"{leader['bench-json']}/v1/topics/bench-json/records",
         workdir,
         seconds=seconds,
         connections=8,
         method="POST",
         body=body,
+        direct=direct,
     )
     figures.append(
         Figure(
@@ -302,12 +337,13 @@ def run(url: str, workdir: Path, seconds: float, raw_mb_s: float, loop_mb_s: flo
     small = orjson.dumps({"records": [{"value": "v" * (RECORD_BYTES - 2)}]})
     for acks, topic in (("1", "bench-small"), ("all", "bench-small-all")):
         r = run_wrk(
-            f"{url}/v1/topics/{topic}/records?acks={acks}",
+            f"{leader[topic]}/v1/topics/{topic}/records?acks={acks}",
             workdir,
             seconds=seconds,
             connections=64,
             method="POST",
             body=small,
+            direct=direct,
         )
         figures.append(
             Figure(
@@ -319,10 +355,20 @@ def run(url: str, workdir: Path, seconds: float, raw_mb_s: float, loop_mb_s: flo
             )
         )
 
-    fetch_url = f"{url}/v1/topics/bench-bin/partitions/0/records?offset=0&max_bytes={MIB}"
-    size = len(httpx.get(fetch_url, headers={"accept": "application/vnd.logbus.batch"}).content)
+    fetch_url = (
+        f"{leader['bench-bin']}/v1/topics/bench-bin/partitions/0/records?offset=0&max_bytes={MIB}"
+    )
+    route = {"logbus-route": "direct"} if direct else {}
+    size = len(
+        httpx.get(fetch_url, headers={"accept": "application/vnd.logbus.batch", **route}).content
+    )
     r = run_wrk(
-        fetch_url, workdir, seconds=seconds, connections=4, accept="application/vnd.logbus.batch"
+        fetch_url,
+        workdir,
+        seconds=seconds,
+        connections=4,
+        accept="application/vnd.logbus.batch",
+        direct=direct,
     )
     mb_s = r.requests_per_s * size / 1e6
     figures.append(
@@ -337,9 +383,12 @@ def run(url: str, workdir: Path, seconds: float, raw_mb_s: float, loop_mb_s: flo
         )
     )
 
-    fetch_url = f"{url}/v1/topics/bench-json/partitions/0/records?offset=0&max_records=1000"
-    got = len(httpx.get(fetch_url).json()["records"])
-    r = run_wrk(fetch_url, workdir, seconds=seconds, connections=4)
+    fetch_url = (
+        f"{leader['bench-json']}/v1/topics/bench-json/partitions/0/records"
+        "?offset=0&max_records=1000"
+    )
+    got = len(httpx.get(fetch_url, headers=route).json()["records"])
+    r = run_wrk(fetch_url, workdir, seconds=seconds, connections=4, direct=direct)
     figures.append(
         Figure(
             "JSON fetch",
@@ -350,7 +399,9 @@ def run(url: str, workdir: Path, seconds: float, raw_mb_s: float, loop_mb_s: flo
         )
     )
 
-    p50, p99, n = asyncio.run(produce_to_consume_latency(url, "bench-lat", 1000, seconds))
+    p50, p99, n = asyncio.run(
+        produce_to_consume_latency(leader["bench-lat"], "bench-lat", 1000, seconds, direct)
+    )
     figures.append(Figure("produce→long-poll latency p50 at 1,000 records/s", p50, "ms"))
     figures.append(
         Figure(
@@ -442,7 +493,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url")
+    parser.add_argument("--url", help="a broker, or several of a cluster comma-separated")
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--json")
     parser.add_argument("--plot")

@@ -16,10 +16,14 @@ FETCH_MAX_BYTES_CEILING = 64 * 1024 * 1024
 CONNECT_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 60.0
 
-# Retries of a request that failed with a transport error or a retriable status (5xx, 429).
-# Reads are idempotent, produces carry an Idempotency-Key, so a retry never duplicates.
-MAX_RETRIES = 5
-RETRY_BACKOFF_S = 0.2  # doubled per retry: 0.2 + 0.4 + ... + 3.2 = 6.2 s in all
+# Attempts of a request that failed with a transport error, a retriable status (5xx, 429) or a
+# 421 from a broker that does not lead (see logbus_client.routing). Reads are idempotent,
+# produces carry an Idempotency-Key, so a retry never duplicates. 100 ms doubling to 1 s over
+# 16 attempts is 13.5 s of backoff: more than a leader failover takes with the default
+# broker.session.timeout.ms of 9 s, so a query rides out a leader kill without failing a task.
+MAX_ATTEMPTS = 16
+RETRY_BACKOFF_S = 0.1
+RETRY_BACKOFF_MAX_S = 1.0
 
 # One produce request from the sink: the broker builds one batch per partition from it for an
 # idempotent request, and a batch must fit the topic's max.message.bytes (1 MiB by default),

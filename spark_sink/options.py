@@ -1,7 +1,8 @@
 """The options of the ``logbus`` data source, parsed once into frozen values.
 
 Names and meanings follow Spark's Kafka source and sink (``subscribe``, ``startingOffsets``,
-``maxOffsetsPerTrigger``, ``failOnDataLoss``, ...); Logbus-specific ones are ``url``,
+``maxOffsetsPerTrigger``, ``failOnDataLoss``, ...); Logbus-specific ones are ``url`` (one or
+several broker URLs, comma-separated, like Kafka's ``bootstrap.servers``),
 ``token``/``tokenFile`` (sent as ``Authorization: Bearer``), ``fetchMaxBytes`` and
 ``requestTimeoutMs``. Option names are case-insensitive, as in Spark.
 """
@@ -13,6 +14,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+from logbus_client.routing import parse_bootstrap
 
 from . import limits
 from .errors import OptionError
@@ -30,12 +33,17 @@ OffsetSpec = Literal["earliest", "latest"] | PartitionOffsets
 
 @dataclass(frozen=True)
 class Connection:
-    """How to reach the broker; shared by the source and the sink."""
+    """How to reach the brokers; shared by the source and the sink. ``url``: one or several
+    broker URLs, comma-separated (any of them bootstraps; see logbus_client.routing)."""
 
     url: str
     token: str | None = None
     token_file: str | None = None
     request_timeout_s: float = limits.REQUEST_TIMEOUT_S
+
+    @property
+    def urls(self) -> list[str]:
+        return parse_bootstrap(self.url)
 
     def auth_token(self) -> str | None:
         if self.token_file is not None:
@@ -134,11 +142,15 @@ def connection_of(opts: Mapping[str, str]) -> Connection:
     url = opts.get("url")
     if not url:
         raise OptionError('option url is required, e.g. .option("url", "http://127.0.0.1:8080")')
-    if not url.startswith(("http://", "https://")):
-        raise OptionError(f"option url must be an http:// or https:// URL, got {url!r}")
+    try:
+        urls = parse_bootstrap(url)
+    except ValueError as e:
+        raise OptionError(
+            f"option url must be one or several http:// or https:// URLs, comma-separated: {e}"
+        ) from None
     timeout_ms = _int(opts, "requestTimeoutMs", 1)
     return Connection(
-        url=url.rstrip("/"),
+        url=",".join(urls),
         token=opts.get("token"),
         token_file=opts.get("tokenfile"),
         request_timeout_s=timeout_ms / 1000 if timeout_ms else limits.REQUEST_TIMEOUT_S,
