@@ -44,12 +44,12 @@ def _finish(cluster: ChaosCluster, client: ChaosClient, sampler: LeadershipSampl
     hws = cluster.wait_converged(TOPIC)
     client.final_read(hws)
     anomalies = client.check()
-    assert anomalies is None, f"{anomalies}\n{cluster.failure_report()}"
+    assert anomalies is None, f"{anomalies}\n" + cluster.failure_report()
     assert sampler.samples > 0
     two_leaders = sampler.violations()
-    assert not two_leaders, f"{two_leaders}\n{cluster.failure_report()}"
+    assert not two_leaders, f"{two_leaders}\n" + cluster.failure_report()
     diff = check_replicas_identical(cluster, TOPIC, hws)
-    assert diff is None, f"{diff}\n{cluster.failure_report()}"
+    assert diff is None, f"{diff}\n" + cluster.failure_report()
 
 
 def test_leader_cut_off_from_its_followers_stops_acknowledging(
@@ -129,9 +129,11 @@ def test_broker_cut_off_from_postgresql_is_fenced(
                 epoch_before = _broker_epoch(cluster, cut)
                 cluster.db_link(cut).cut()
 
+                cut_url = cluster.url(cut)
+
                 def not_leading() -> bool | None:
                     r = httpx.get(
-                        f"{cluster.url(cut)}/v1/topics/{TOPIC}/partitions/{p}/records",
+                        f"{cut_url}/v1/topics/{TOPIC}/partitions/{p}/records",
                         params={"offset": 0, "max_records": 1},
                         headers=ROUTE_DIRECT,
                         timeout=5,
@@ -184,8 +186,9 @@ def test_a_retried_write_is_acknowledged_only_once_committed(
     with running_cluster(cluster):
         cluster.create_topic(TOPIC, 1)
         leader = cluster.leader(TOPIC, 0)
-        url = f"{cluster.url(leader)}/v1/topics/{TOPIC}/partitions/0/records"
-        r = httpx.post(f"{cluster.url(leader)}/v1/producers", json={}, timeout=10)
+        base = cluster.url(leader)
+        url = f"{base}/v1/topics/{TOPIC}/partitions/0/records"
+        r = httpx.post(f"{base}/v1/producers", json={}, timeout=10)
         assert r.status_code == 201, r.text
         session = r.json()
         headers = {
@@ -208,9 +211,10 @@ def test_a_retried_write_is_acknowledged_only_once_committed(
         first = send()
         assert first.status_code == 504, first.text  # REQUEST_TIMED_OUT: not committed
         retried = send()
+        view = cluster.describe(leader, TOPIC)
         assert retried.status_code != 200, (
             f"a retry of an uncommitted batch was acknowledged: {retried.text}; "
-            f"leader view {cluster.describe(leader, TOPIC)}"
+            + f"leader view {view}"
         )
         cluster.replication_link(leader).heal()
         done = eventually(

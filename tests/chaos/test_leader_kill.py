@@ -72,9 +72,9 @@ def run_leader_kills(
             hws = cluster.wait_converged(TOPIC)
             client.final_read(hws)
             anomalies = client.check()
-            assert anomalies is None, f"{anomalies}\n{cluster.failure_report()}"
+            assert anomalies is None, f"{anomalies}\n" + cluster.failure_report()
             diff = check_replicas_identical(cluster, TOPIC, hws)
-            assert diff is None, f"{diff}\n{cluster.failure_report()}"
+            assert diff is None, f"{diff}\n" + cluster.failure_report()
         finally:
             client.close()
 

@@ -94,9 +94,9 @@ def test_paused_leader_is_fenced_and_its_pending_writes_fail(
             hws = cluster.wait_converged(TOPIC)
             client.final_read(hws)
             anomalies = client.check()
-            assert anomalies is None, f"{anomalies}\n{cluster.failure_report()}"
+            assert anomalies is None, f"{anomalies}\n" + cluster.failure_report()
             diff = check_replicas_identical(cluster, TOPIC, hws)
-            assert diff is None, f"{diff}\n{cluster.failure_report()}"
+            assert diff is None, f"{diff}\n" + cluster.failure_report()
         finally:
             client.close()
 
