@@ -28,8 +28,7 @@ Theory of operation
   :meth:`Group.from_record` rebuilds it with every deadline restarted at ``now_ms`` (the new
   coordinator never saw the members' last heartbeats). :attr:`Group.version` goes up whenever
   the record would change, so a coordinator writes only real changes. Not in the record: fetch
-  positions (a restored member reads from its committed offsets: at least once) and the ids of
-  fenced members (they hear ``UNKNOWN_MEMBER_ID`` instead of ``FENCED_MEMBER_EPOCH``).
+  positions (a restored member reads from its committed offsets: at least once).
 """
 
 from __future__ import annotations
@@ -194,6 +193,7 @@ class Group:
         for member_id in gone:
             self._remove(member_id, now_ms)
             self._fenced[member_id] = None
+            self.version += 1
             if len(self._fenced) > MAX_FENCED_REMEMBERED:
                 del self._fenced[next(iter(self._fenced))]
         return gone
@@ -378,6 +378,7 @@ class Group:
             "empty_since_ms": self.empty_since_ms,
             "partition_counts": dict(sorted(self._partition_counts.items())),
             "static": dict(sorted(self._static.items())),
+            "fenced": list(self._fenced),  # ≤ MAX_FENCED_REMEMBERED ids, oldest first
             "members": [
                 {
                     "member_id": m.member_id,
@@ -411,6 +412,7 @@ class Group:
             group.empty_since_ms = None if empty is None else int(empty)
             group._partition_counts = {str(t): int(n) for t, n in doc["partition_counts"].items()}
             group._static = {str(i): str(m) for i, m in doc["static"].items()}
+            group._fenced = {str(m): None for m in doc.get("fenced", [])}
             for d in doc["members"]:
                 revoking = _tp_set(d["revoking"])
                 rebalance_ms = int(d["rebalance_timeout_ms"])
