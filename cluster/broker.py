@@ -591,10 +591,12 @@ class Broker:
         """:meth:`reader` with its offsets fresh, for a caller that checks an offset."""
         return await synced(self.reader(topic, partition, direct=direct))
 
-    async def known_reader(self, topic: str, partition: int) -> PartitionReader:
+    async def known_reader(
+        self, topic: str, partition: int, *, direct: bool | None = None
+    ) -> PartitionReader:
         """:meth:`reader`, synced only if its offsets were never seen (a loop that reads it
         keeps them fresh)."""
-        reader = self.reader(topic, partition)
+        reader = self.reader(topic, partition, direct=direct)
         return reader if reader.high_watermark >= 0 else await synced(reader)
 
     def leads(self, topic: str, partition: int) -> bool:

@@ -612,7 +612,7 @@ class Coordinator:
         for tp, (offset, _) in offsets.items():
             pos = member.positions.get(tp)
             if tp in member.owned and pos is not None and pos < offset:
-                hw = self.broker.reader(*tp).high_watermark  # -1: not known here yet
+                hw = self.broker.reader(*tp, direct=False).high_watermark  # -1: not known yet
                 member.positions[tp] = min(offset, hw) if hw >= 0 else offset
 
     async def _write(
@@ -634,9 +634,7 @@ class Coordinator:
         partition = self._check(group_id)
         loaded = self._loaded[partition]
         async with self._lock(group_id):
-            await self.broker.append(
-                OFFSETS_TOPIC, partition, build_batch(records), Acks.ALL, internal=True
-            )
+            await self._append(group_id, partition, records)
             if self._loaded.get(partition) is not loaded:  # unloaded meanwhile: not ours now
                 raise self._not_coordinator_error(group_id)
             stored = self._offsets.setdefault(group_id, {})
@@ -726,9 +724,7 @@ class Coordinator:
                     timestamp=self.clock.now_ms(),
                 )
                 async with self._lock(group_id):
-                    await self.broker.append(
-                        OFFSETS_TOPIC, partition, build_batch([record]), Acks.ALL, internal=True
-                    )
+                    await self._append(group_id, partition, [record])
                 if self._loaded.get(partition) is not loaded:
                     raise self._not_coordinator_error(group_id)
             except LogbusError as e:
@@ -746,6 +742,18 @@ class Coordinator:
         gone = group_id not in self.groups and self._persist.get(group_id) is st
         if gone and st.written >= st.wanted:
             del self._persist[group_id]  # the tombstone is written: nothing to track
+
+    async def _append(self, group_id: str, partition: int, records: list[Record]) -> None:
+        """Append to the group's offsets partition here, never forwarded: a coordinator that
+        lost the leadership must not write into the new leader's log."""
+        try:
+            await self.broker.append(
+                OFFSETS_TOPIC, partition, build_batch(records), Acks.ALL, internal=True, direct=True
+            )
+        except LogbusError as e:
+            if e.code is ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                raise self._not_coordinator_error(group_id) from e
+            raise
 
     async def durable(self, group_id: str) -> None:
         """Return once the group's membership, as it is now, is in its record (acks=all);
@@ -779,7 +787,7 @@ class Coordinator:
         pos = member.positions.get(tp)
         if pos is not None:
             return pos
-        p = self.broker.reader(*tp)
+        p = self.broker.reader(*tp, direct=False)
         committed = self._offsets.get(group_id, {}).get(tp)
         if committed is not None and p.log_start_offset <= committed.offset <= p.high_watermark:
             pos = committed.offset
@@ -822,7 +830,7 @@ class Coordinator:
                 return reconciled, fetched
             waits: list[Any] = [event.wait()]
             for tp in reconciled.assigned:
-                p = self.broker.reader(*tp)
+                p = self.broker.reader(*tp, direct=False)
                 waits.append(p.wait_for(member.positions.get(tp, p.high_watermark), remaining))
             await first_of(waits, remaining)
 
@@ -838,7 +846,7 @@ class Coordinator:
         for tp in tps[cursor:] + tps[:cursor]:
             if budget <= 0:
                 break
-            p = await self.broker.known_reader(*tp)
+            p = await self.broker.known_reader(*tp, direct=False)
             pos = self.position(group_id, member, tp)
             if pos >= p.high_watermark:
                 continue
@@ -865,7 +873,7 @@ class Coordinator:
         offsets = []
         for tp in sorted(set(committed) | set(owners)):
             try:
-                hw: int | None = self.broker.reader(*tp).high_watermark
+                hw: int | None = self.broker.reader(*tp, direct=False).high_watermark
             except LogbusError:
                 hw = None  # the topic is gone
             if hw is not None and hw < 0:

@@ -4,7 +4,7 @@ unloaded as leadership comes and goes (simulated by overriding ``Broker.leader_e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ async def stopped(broker: Broker, coordinator: Coordinator) -> None:
     await broker.close()
 
 
-def run(tmp_path: Path, body: Callable[[Path], Awaitable[None]]) -> None:
+def run(tmp_path: Path, body: Callable[[Path], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(body(tmp_path))
 
 
