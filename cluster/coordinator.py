@@ -755,20 +755,36 @@ class Coordinator:
                 raise self._not_coordinator_error(group_id) from e
             raise
 
-    async def durable(self, group_id: str) -> None:
+    async def durable(self, group_id: str, *, member_id: str | None = None) -> None:
         """Return once the group's membership, as it is now, is in its record (acks=all);
-        raise the write's error if it failed (retriable: the member asks again)."""
+        raise the write's error if it failed (retriable: the member asks again).
+
+        With ``member_id`` (heartbeats, polls, leaves) the wait is bounded by a third of that
+        member's session timeout and then simply ends: a slow write (an ISR waiting to shrink
+        around a dead follower) must not time out the sessions it is keeping. Such an answer
+        may be lost by a failover right after it; the member then hears its previous view
+        again (and a commit at the newer generation is refused once: it heartbeats and
+        retries). Joins wait fully (up to 30 s), so a member id is never handed out unwritten.
+        """
         st = self._persist.get(group_id)
         if st is None or st.written >= st.wanted:
             return
         target = st.wanted
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + DURABLE_WAIT_S
+        bound = DURABLE_WAIT_S
+        if member_id is not None:
+            member = (
+                self.groups[group_id].members.get(member_id) if group_id in self.groups else None
+            )
+            bound = min(bound, member.session_timeout_ms / 3000) if member else 0.0
+        deadline = loop.time() + bound
         while st.written < target:
             if st.error is not None and st.failed >= target:
                 raise st.error
             remaining = deadline - loop.time()
             if remaining <= 0:
+                if member_id is not None:
+                    return
                 raise LogbusError(
                     f"group {group_id!r}: the membership record was not written within "
                     f"{DURABLE_WAIT_S:.0f} s",
@@ -826,7 +842,7 @@ class Coordinator:
             remaining = deadline - loop.time()
             moved = (reconciled.assigned, reconciled.revoking) != (first.assigned, first.revoking)
             if fetched or remaining <= 0 or moved:
-                await self.durable(group_id)  # the view it is told survives a failover
+                await self.durable(group_id, member_id=member_id)  # survives a failover
                 return reconciled, fetched
             waits: list[Any] = [event.wait()]
             for tp in reconciled.assigned:

@@ -83,7 +83,7 @@ async def join(group: str, body: MemberJoin, coordinator: CoordinatorDep) -> Mem
 )
 async def heartbeat(group: str, member: str, coordinator: CoordinatorDep) -> MemberAssignment:
     r = coordinator.heartbeat(group, member, ack=True)
-    await coordinator.durable(group)
+    await coordinator.durable(group, member_id=member)
     return _assignment(coordinator, group, member, r)
 
 
@@ -100,7 +100,7 @@ async def leave(
     permanent: Annotated[bool, Query(description="static members: leave for good")] = False,
 ) -> Response:
     coordinator.leave(group, member, permanent=permanent)
-    await coordinator.durable(group)
+    await coordinator.durable(group, member_id=member)
     return Response(status_code=204)
 
 
