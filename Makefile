@@ -11,7 +11,7 @@ DATA_DIR ?= ./logbus-data
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run test test-slow lint typecheck browser postgres bench bench-storage clean
+.PHONY: run cluster test test-slow lint typecheck browser postgres bench bench-storage clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,13 @@ $(SPARK_STAMP): pyproject.toml | $(BIN)/python
 
 run: $(RUN_STAMP)
 	$(BIN)/logbus serve --data-dir $(DATA_DIR) --host $(HOST) --port $(PORT)
+
+# Three brokers on PORT, PORT+1, PORT+2 sharing one SQLite metadata store; Ctrl-C stops them.
+# Their data lives in ./logbus-cluster (not DATA_DIR's default: a single broker's data dir
+# and a cluster's do not mix); `make cluster DATA_DIR=...` chooses another.
+cluster: DATA_DIR = ./logbus-cluster
+cluster: $(RUN_STAMP)
+	$(BIN)/logbus cluster up --brokers 3 --data-dir $(DATA_DIR) --host $(HOST) --base-port $(PORT)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
@@ -68,6 +75,10 @@ bench-storage: $(RUN_STAMP)
 
 bench-spark: $(SPARK_STAMP)
 	$(BIN)/python -m benchmarks.spark --json docs/bench-spark.json
+
+# HTTP/2 replication transport: h2c vs HTTP/1.1 on one connection (cluster/h2frames.py).
+bench-h2: $(RUN_STAMP)
+	$(BIN)/python -m benchmarks.h2_fetch --json docs/bench-h2.json
 
 # The click-stream example against a running broker (make run): produce, then count.
 example-spark: $(SPARK_STAMP)

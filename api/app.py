@@ -23,6 +23,7 @@ from .loop_lag import LoopLagProbe
 from .metrics import Metrics
 from .params import NAME_PATTERN, UINT_PATTERN
 from .problems import PROBLEM_JSON
+from .proxy import Proxy
 from .routes import cluster, groups, producers, records, topics, ws
 from .routes.common import errors as errors_doc
 from .schemas import FetchResponse, Problem
@@ -107,6 +108,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 responses.setdefault("400", {k: v for k, v in bad_request.items() if k != "model"})
     _document_names(schema)
     _document_limits(schema, app.state.settings)
+    _document_route(schema)
     components = schema.get("components", {}).get("schemas", {})
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
@@ -117,6 +119,34 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     _exact_int_bounds(schema)
     app.openapi_schema = schema
     return schema
+
+
+# Every call about a partition or a group may be routed by the client (api.fastpath, api.proxy).
+_ROUTE_HEADER = {
+    "name": "Logbus-Route",
+    "in": "header",
+    "required": False,
+    "description": "In a cluster: `forward` (default) lets this broker pass the call to the "
+    "partition's leader, the group's coordinator or the controller; `direct` answers here, "
+    "421 NOT_LEADER_OR_FOLLOWER (naming the leader) where this broker does not lead.",
+    "schema": {"type": "string", "enum": ["forward", "direct"], "default": "forward"},
+}
+
+
+def _document_route(schema: dict[str, Any]) -> None:
+    for path, ops in schema["paths"].items():
+        if not path.startswith(("/v1/topics/{topic}", "/v1/groups/{group}", "/v1/ws")):
+            continue
+        for op in ops.values():
+            op.setdefault("parameters", []).append(dict(_ROUTE_HEADER))
+            op.setdefault("responses", {}).setdefault(
+                "421",
+                {
+                    "description": "Logbus-Route: direct and this broker does not lead the "
+                    "partition (or coordinate the group): the body names the one that does",
+                    "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+                },
+            )
 
 
 # What the broker enforces on names in paths, put in the document (see api.params.NameStr).
@@ -208,6 +238,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics=Metrics(broker, coordinator, budgets),
         coordinator=coordinator,
         budgets=budgets,
+        proxy=Proxy(broker, settings.max_wait_ms) if broker.config.clustered else None,
     )
     app.state.logbus = state
     probe = LoopLagProbe(state.metrics.loop_lag, settings.loop_lag_interval_ms / 1000)
@@ -222,6 +253,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if fast is not None:
             fast.state = None
         probe.stop()
+        if state.proxy is not None:
+            await state.proxy.close()
         await coordinator.close()
         await broker.close()
 

@@ -8,8 +8,9 @@ from pathlib import Path
 from .settings import Settings
 
 
-def main(argv: list[str] | None = None) -> int:
-    from . import client_cli
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (tests parse docker-compose.yml's commands with it)."""
+    from . import client_cli, cluster_cli
 
     parser = argparse.ArgumentParser(prog="logbus", description="Logbus event streaming")
     # Client options may also come before the command: `logbus --url URL topics list`.
@@ -62,8 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     upgrade.add_argument("--data-dir", type=Path)
     upgrade.set_defaults(func=_metadata_upgrade)
 
+    cluster_cli.add_commands(sub)
     client_cli.add_commands(sub)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    from . import client_cli
+
+    parser = build_parser()
     args = parser.parse_args(argv)
     if (error := client_cli.apply_global_options(args)) is not None:
         parser.error(error)

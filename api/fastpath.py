@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from cluster.forwarding import ROUTES, direct_route
 from core_log.errors import ErrorCode, LogbusError
 
-from . import guard, records, streams
+from . import guard, proxy, records, streams
 from .budgets import RETRY_AFTER_S, BodyGuard, Budgets, ByteBudget, budget_exhausted
 from .guard import BrowserPolicy
 from .params import PARTITION_MAX
@@ -94,6 +94,15 @@ class FastPath:
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
+        if state is not None and state.proxy is not None:
+            target = await state.proxy.target(scope, direct_route.get())
+            if target is not None:
+                try:
+                    body = await proxy.read_all(receive, state.settings.max_request_bytes)
+                except ConnectionError:
+                    return
+                await state.proxy.forward(scope, body, send, target)
+                return
         if scope["type"] != "http" or state is None or not state.settings.fast_path:
             await self.app(scope, receive, send)
             return

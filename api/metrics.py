@@ -59,6 +59,34 @@ class _PartitionCollector(Collector):
             lso.add_metric(key, p.log_start_offset)
             size.add_metric(key, p.log.size_bytes)
         yield from (leo, hw, lso, size)
+        if self.broker.replicas is not None:
+            yield from self._replication()
+
+    def _replication(self) -> Iterator[GaugeMetricFamily]:
+        """Partitions this broker leads: ISR size, under-replication, each follower's lag."""
+        assert self.broker.replicas is not None
+        labels = ["topic", "partition"]
+        isr = GaugeMetricFamily("logbus_partition_isr_size", "In-sync replicas", labels=labels)
+        under = GaugeMetricFamily(
+            "logbus_partition_under_replicated",
+            "1 while the ISR is smaller than the replicas",
+            labels=labels,
+        )
+        lag = GaugeMetricFamily(
+            "logbus_replica_lag_records",
+            "Records the follower's log end is behind the leader's (-1: not fetched yet)",
+            labels=[*labels, "follower"],
+        )
+        for (topic, partition), leading in self.broker.replicas.leading.items():
+            key = [topic, str(partition)]
+            state = leading.replica.state
+            isr.add_metric(key, len(state.isr))
+            under.add_metric(key, 1 if len(state.isr) < len(state.replicas) else 0)
+            end = leading.partition.log_end_offset
+            for follower, pos in leading.replica.followers.items():
+                behind = end - pos.log_end_offset if pos.log_end_offset >= 0 else -1
+                lag.add_metric([*key, str(follower)], behind)
+        yield from (isr, under, lag)
 
 
 class _LogDirCollector(Collector):

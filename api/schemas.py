@@ -64,10 +64,22 @@ class TopicCreate(BaseModel):
     )
     name: NameStr = Field(description="1..249 of [a-zA-Z0-9._-], not '.' or '..'")
     partitions: JsonInt = Field(1, ge=1, le=10_000)
-    replication_factor: JsonInt = Field(1, ge=1, le=16)
+    replication_factor: Annotated[JsonInt, Field(ge=1, le=16)] | None = Field(
+        None,
+        description="copies of each partition; default: the broker's default_replication_factor",
+    )
     configs: Annotated[dict[str, ConfigValue], WithJsonSchema(config_schema(False))] = Field(
         default_factory=dict, max_length=100
     )
+
+
+class ReplicaPublic(BaseModel):
+    """The answering broker's own replica of a partition (it may lag the leader)."""
+
+    broker_id: int
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
 
 
 class PartitionPublic(BaseModel):
@@ -78,9 +90,12 @@ class PartitionPublic(BaseModel):
     leader_epoch: int
     replicas: list[int]
     isr: list[int]
-    log_start_offset: int
-    high_watermark: int
-    log_end_offset: int
+    log_start_offset: int = Field(description="the leader's; -1 when it cannot be reached")
+    high_watermark: int = Field(description="the leader's; -1 when it cannot be reached")
+    log_end_offset: int = Field(description="the leader's; -1 when it cannot be reached")
+    local_replica: ReplicaPublic | None = Field(
+        None, description="this broker's replica, if it holds one"
+    )
 
 
 class TopicPublic(BaseModel):

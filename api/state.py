@@ -12,6 +12,7 @@ from cluster.coordinator import Coordinator
 
 from .budgets import Budgets
 from .metrics import Metrics
+from .proxy import Proxy
 from .settings import Settings
 
 
@@ -22,6 +23,7 @@ class AppState:
     metrics: Metrics
     coordinator: Coordinator
     budgets: Budgets
+    proxy: Proxy | None = None  # in a cluster: group and admin calls other brokers answer
 
 
 def get_state(request: Request) -> AppState:

@@ -116,6 +116,11 @@ class BrokerConfig:
         return self.metadata_url is not None
 
 
+# Describing a topic asks each partition's leader for its offsets: a few at a time, briefly.
+DESCRIBE_CONCURRENCY = 32
+DESCRIBE_TIMEOUT_S = 2.0
+
+
 @dataclass(frozen=True)
 class PartitionHealth:
     total: int = 0
@@ -321,11 +326,14 @@ class Broker:
         self,
         name: str,
         partitions: int = 1,
-        replication_factor: int = 1,
+        replication_factor: int | None = None,
         configs: dict[str, Any] | None = None,
     ) -> TopicMeta:
+        """``replication_factor`` None: the broker's ``default_replication_factor``."""
         validate_topic_name(name)
         _check_partition_count(partitions)
+        if replication_factor is None:
+            replication_factor = self.config.default_replication_factor
         if self.config.clustered:
             return await _completed(
                 self._create_replicated(name, partitions, replication_factor, configs or {})
@@ -650,6 +658,30 @@ class Broker:
             return self.logs.get(topic, partition)
         except LogbusError:
             return None
+
+    async def leader_offsets(
+        self, topic: str, partitions: list[int]
+    ) -> list[tuple[int, int, int] | None]:
+        """(log start, high watermark, log end) of each partition as its leader has them;
+        None for one whose leader cannot answer within :data:`DESCRIBE_TIMEOUT_S`."""
+        limit = asyncio.Semaphore(DESCRIBE_CONCURRENCY)
+
+        async def one(partition: int) -> tuple[int, int, int] | None:
+            if self.leads(topic, partition):
+                p = self.partition(topic, partition)
+                return p.log_start_offset, p.high_watermark, p.log_end_offset
+            if self.forwarder is None:
+                return None
+            remote = self.forwarder.remote(topic, partition)
+            async with limit:
+                try:
+                    async with asyncio.timeout(DESCRIBE_TIMEOUT_S):
+                        await remote.sync()
+                except (LogbusError, TimeoutError):
+                    return None
+            return remote.log_start_offset, remote.high_watermark, remote.log_end_offset
+
+        return list(await asyncio.gather(*(one(p) for p in partitions)))
 
     def partition_for(self, topic: str, key: bytes | None, sticky: int) -> int:
         """Kafka's choice: murmur2 of the key, or the request's sticky partition."""

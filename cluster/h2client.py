@@ -8,6 +8,12 @@ the server's stream limit wait in a queue (at most ``max_queued_requests``; the 
 once with :class:`H2TransportError`; after a GOAWAY the streams the server did not take fail
 and the next request opens a new connection.
 
+Requests the server provably did not process are sent again, up to ``MAX_RESENDS`` times
+within the caller's ``timeout_s``: streams above a GOAWAY's last stream id and streams reset
+with REFUSED_STREAM (RFC 9113 §8.7 guarantees the server took no action on them), and
+requests still queued for a stream when their connection died. Everything else fails, because
+a replication fetch or an admin call may not be idempotent.
+
 A response body is joined once (``b"".join``) when the stream ends; past
 ``max_response_body_bytes`` the stream is reset and the request raises. ``timeout_s`` covers
 connecting, queueing, sending and receiving; on expiry the stream is reset (RST_STREAM
@@ -32,14 +38,26 @@ from cluster.h2base import (
     H2TransportError,
     status_of,
 )
+from cluster.h2frames import BodySink
+
+# A server being restarted sends GOAWAY once; three resends ride out a restart racing a
+# second one without looping against a server that refuses everything.
+MAX_RESENDS = 3
+
+
+class H2UnprocessedError(H2TransportError):
+    """The server did not process the request (GOAWAY, REFUSED_STREAM, or it never got a
+    stream): safe to send again; :class:`H2Client` does so itself."""
 
 
 @dataclass
 class _OutboundStream:
     response: asyncio.Future[H2Response]
     headers: list[tuple[str, str]] = field(default_factory=list)
-    chunks: list[bytes] = field(default_factory=list)
+    chunks: list[bytes | memoryview] = field(default_factory=list)
     size: int = 0
+    # The body's preallocated destination when the response announced its content-length.
+    sink: BodySink | None = None
 
 
 class _ClientConnection(H2Protocol):
@@ -95,7 +113,7 @@ class _ClientConnection(H2Protocol):
         await self._acquire_slot()
         try:
             if not self.usable:
-                raise H2TransportError("connection closed")
+                raise H2UnprocessedError("connection closed before the request was sent")
             sid = self.h2.get_next_available_stream_id()
             stream = _OutboundStream(self._loop.create_future())
             self._streams[sid] = stream
@@ -132,19 +150,47 @@ class _ClientConnection(H2Protocol):
             stream = self._streams.get(event.stream_id or 0)
             if stream is not None and event.headers is not None:
                 stream.headers = [(str(n), str(v)) for n, v in event.headers]
+                self._on_response_head(event.stream_id or 0, stream)
         elif isinstance(event, h2.events.DataReceived):
             self._on_data(event)
         elif isinstance(event, h2.events.StreamEnded):
             self._on_stream_ended(event.stream_id or 0)
         elif isinstance(event, h2.events.StreamReset):
-            self._fail(event.stream_id or 0, f"stream reset by peer ({event.error_code!r})")
+            refused = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+            self._fail(
+                event.stream_id or 0,
+                f"stream reset by peer ({event.error_code!r})",
+                unprocessed=refused,
+            )
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.goaway = True
             last = event.last_stream_id if event.last_stream_id is not None else 0
             for sid in [s for s in self._streams if s > last]:
-                self._fail(sid, f"GOAWAY ({event.error_code!r}) before the stream was served")
+                self._fail(
+                    sid,
+                    f"GOAWAY ({event.error_code!r}) before the stream was served",
+                    unprocessed=True,
+                )
             if not self._streams:
                 self.close()
+
+    def _on_response_head(self, sid: int, stream: _OutboundStream) -> None:
+        """A body of announced length is received in place (cluster.h2frames); one over the
+        cap is refused before any of it arrives."""
+        length = -1
+        for name, value in stream.headers:
+            if name == "content-length" and value.isdigit():
+                length = int(value)
+        if length > self.limits.max_response_body_bytes:
+            self._over_cap(sid, stream)
+        elif length > 0:
+            stream.sink = BodySink(length)
+
+    def sink_for(self, stream_id: int) -> BodySink | None:
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.response.done():
+            return None
+        return stream.sink
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         sid = event.stream_id or 0
@@ -153,11 +199,21 @@ class _ClientConnection(H2Protocol):
             return
         stream.size += len(event.data)
         if stream.size > self.limits.max_response_body_bytes:
-            stream.chunks.clear()
-            self.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
-            self._fail(sid, f"response body over {self.limits.max_response_body_bytes} bytes")
+            self._over_cap(sid, stream)
+            return
+        if stream.sink is not None:
+            if not stream.sink.accept(event.data):
+                # more than content-length: h2 rejects this itself; never grow the buffer
+                self.reset_stream(sid, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+                self._fail(sid, "response body longer than its content-length")
             return
         stream.chunks.append(event.data)
+
+    def _over_cap(self, sid: int, stream: _OutboundStream) -> None:
+        stream.chunks.clear()
+        stream.sink = None
+        self.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+        self._fail(sid, f"response body over {self.limits.max_response_body_bytes} bytes")
 
     def _on_stream_ended(self, sid: int) -> None:
         stream = self._streams.get(sid)
@@ -169,15 +225,20 @@ class _ClientConnection(H2Protocol):
             stream.response.set_exception(exc)
             return
         chunks, stream.chunks = stream.chunks, []
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if stream.sink is not None:
+            body = stream.sink.take()
+            stream.sink = None
+        else:
+            body = b"".join(chunks)  # DATA payloads arrive as views (cluster.h2frames)
         headers = [(n, v) for n, v in stream.headers if not n.startswith(":")]
         stream.response.set_result(H2Response(status, headers, body))
         self.wake_senders()
 
-    def _fail(self, sid: int, reason: str) -> None:
+    def _fail(self, sid: int, reason: str, *, unprocessed: bool = False) -> None:
         stream = self._streams.get(sid)
         if stream is not None and not stream.response.done():
-            stream.response.set_exception(H2TransportError(reason))
+            error = H2UnprocessedError if unprocessed else H2TransportError
+            stream.response.set_exception(error(reason))
         self.wake_senders()
 
     def _admit_waiters(self) -> None:
@@ -210,7 +271,7 @@ class _ClientConnection(H2Protocol):
         while self._slot_waiters:
             waiter = self._slot_waiters.popleft()
             if not waiter.done():
-                waiter.set_exception(H2TransportError(reason))
+                waiter.set_exception(H2UnprocessedError(reason))
 
 
 class H2Client:
@@ -231,6 +292,8 @@ class H2Client:
         self._conn: _ClientConnection | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+        # Requests sent again because the server did not process them (for metrics, tests).
+        self.resends = 0
 
     async def _connection(self) -> _ClientConnection:
         conn = self._conn
@@ -275,12 +338,20 @@ class H2Client:
     ) -> H2Response:
         """Send one request and return its response (body joined into one ``bytes``).
 
-        Raises :class:`H2TransportError` on a network failure (connect, reset, GOAWAY, body
+        A request the server did not process is sent again (module docstring). Raises
+        :class:`H2TransportError` on a network failure (connect, reset, GOAWAY, body
         over ``max_response_body_bytes``, peer not reading) and ``TimeoutError`` when
         ``timeout_s`` expires (the stream is reset, the connection kept)."""
         async with asyncio.timeout(timeout_s):
-            conn = await self._connection()
-            return await conn.request(method, path, headers, body)
+            for attempt in range(MAX_RESENDS + 1):
+                conn = await self._connection()
+                try:
+                    return await conn.request(method, path, headers, body)
+                except H2UnprocessedError:
+                    if attempt == MAX_RESENDS or self._closed:
+                        raise
+                    self.resends += 1
+            raise AssertionError("unreachable")
 
     async def close(self) -> None:
         self._closed = True

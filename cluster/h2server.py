@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from typing import cast
 
 import h2.errors
 import h2.events
@@ -49,6 +50,11 @@ class H2ServerStats:
     streams_refused: int = 0
     bodies_refused: int = 0
     handler_errors: int = 0
+    streams_opened: int = 0
+    # Streams the peer reset (RST_STREAM) before their response was complete.
+    streams_reset: int = 0
+    # Response body bytes handed to the transport (DATA payloads, without frame headers).
+    body_bytes_sent: int = 0
     # The largest transport write buffer seen after a write, across connections.
     peak_write_buffer_bytes: int = 0
 
@@ -58,7 +64,7 @@ class _InboundStream:
     method: str
     path: str
     headers: list[tuple[str, str]]
-    chunks: list[bytes] = field(default_factory=list)
+    chunks: list[bytes | memoryview] = field(default_factory=list)
     size: int = 0
     refused: bool = False  # answered 413 already; ignore the rest
     task: asyncio.Task[None] | None = None
@@ -79,8 +85,9 @@ class _ServerConnection(H2Protocol):
         if len(server.connections) >= self.limits.max_connections or server.closing:
             server.stats.connections_refused += 1
             self.closed = True
-            assert isinstance(transport, asyncio.Transport)
-            transport.abort()
+            self.reader.stopped = True
+            # uvloop's transports are not asyncio.Transport subclasses: no isinstance check.
+            cast(asyncio.Transport, transport).abort()
             return
         server.connections.add(self)
         server.stats.connections_open = len(server.connections)
@@ -91,9 +98,9 @@ class _ServerConnection(H2Protocol):
         )
         self._idle_timer = self._loop.call_later(self.limits.idle_timeout_s, self._idle_check)
 
-    def data_received(self, data: bytes) -> None:
+    def buffer_updated(self, nbytes: int) -> None:
         self._last_activity = self._loop.time()
-        super().data_received(data)
+        super().buffer_updated(nbytes)
         if self.closed and not self._handshaken:
             self._server.stats.handshake_failures += 1
 
@@ -129,6 +136,9 @@ class _ServerConnection(H2Protocol):
     def on_send_timeout(self) -> None:
         self._server.stats.send_timeouts += 1
 
+    def on_body_sent(self, nbytes: int) -> None:
+        self._server.stats.body_bytes_sent += nbytes
+
     # -- events ----------------------------------------------------------------------------
     def on_event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RemoteSettingsChanged):
@@ -143,6 +153,8 @@ class _ServerConnection(H2Protocol):
             self._on_request_complete(event.stream_id)
         elif isinstance(event, h2.events.StreamReset):
             stream = self._streams.pop(event.stream_id, None)
+            if stream is not None:
+                self._server.stats.streams_reset += 1
             if stream is not None and stream.task is not None:
                 stream.task.cancel()
             self.wake_senders()
@@ -171,6 +183,7 @@ class _ServerConnection(H2Protocol):
                     content_length = int(value)
         stream = _InboundStream(method, path, headers)
         self._streams[sid] = stream
+        self._server.stats.streams_opened += 1
         if content_length > self.limits.max_request_body_bytes:
             self._refuse_body(sid, stream, remote_ended=event.stream_ended is not None)
 
@@ -200,7 +213,7 @@ class _ServerConnection(H2Protocol):
         stream = self._streams.get(sid)
         if stream is None or stream.refused or stream.task is not None:
             return
-        body = stream.chunks[0] if len(stream.chunks) == 1 else b"".join(stream.chunks)
+        body = b"".join(stream.chunks)  # DATA payloads arrive as views (cluster.h2frames)
         stream.chunks = []
         request = H2Request(stream.method, stream.path, stream.headers, body)
         stream.task = self._loop.create_task(self._serve(sid, request))

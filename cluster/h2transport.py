@@ -7,10 +7,13 @@ Thin asyncio shells over the sans-I/O ``h2`` library, ignorant of replication:
   connection;
 * :class:`H2Limits`, :class:`H2Request`, :class:`H2Response`, :class:`H2TransportError`
   (:mod:`cluster.h2base`) are shared; the flow-control and backpressure rules are described
-  there.
+  there;
+* :mod:`cluster.h2frames` moves DATA payloads without copies (what ``h2`` is bypassed for,
+  and what it still checks).
 
 Errors: every network failure raises :class:`H2TransportError` (a ``ConnectionError``); a
-request's own deadline raises ``TimeoutError``. Both are ``OSError``.
+request's own deadline raises ``TimeoutError``. Both are ``OSError``. A request the server did
+not process (:class:`H2UnprocessedError`) is sent again by the client before it surfaces.
 """
 
 from cluster.h2base import (
@@ -20,7 +23,7 @@ from cluster.h2base import (
     H2TransportError,
     Handler,
 )
-from cluster.h2client import H2Client
+from cluster.h2client import H2Client, H2UnprocessedError
 from cluster.h2server import H2Server, H2ServerStats
 
 __all__ = [
@@ -31,5 +34,6 @@ __all__ = [
     "H2Server",
     "H2ServerStats",
     "H2TransportError",
+    "H2UnprocessedError",
     "Handler",
 ]

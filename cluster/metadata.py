@@ -121,6 +121,9 @@ def _storage_errors(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+NO_LEADER_ID = -1  # a partition row's leader while it has none
+
+
 class MetadataStore:
     @_storage_errors
     def __init__(self, url: str) -> None:
@@ -128,12 +131,21 @@ class MetadataStore:
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         self.engine = sa.create_engine(url, **kwargs)
+        self.writer = self.engine  # every write is one transaction on it
         if url.startswith("sqlite"):
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+            # A deferred SQLite transaction that reads and then writes cannot wait for another
+            # writer (SQLITE_BUSY at once, "database is locked", whatever the busy timeout):
+            # writes take the write lock when they begin, so brokers starting together queue.
+            self.writer = sa.create_engine(url, **kwargs)
+            sa.event.listen(self.writer, "connect", _sqlite_pragmas)
+            sa.event.listen(self.writer, "connect", _sqlite_manual_transactions)
+            sa.event.listen(self.writer, "begin", _sqlite_begin_immediate)
         migrate.upgrade(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
+        self.writer.dispose()
 
     # -- brokers ---------------------------------------------------------------------------------
 
@@ -152,7 +164,7 @@ class MetadataStore:
             "lease_expires_ms": db_now_ms() + session_timeout_ms,
         }
         b = brokers_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             seen = c.execute(
                 sa.select(b.broker_epoch).where(b.broker_id == broker.broker_id)
             ).scalar_one_or_none()
@@ -172,6 +184,7 @@ class MetadataStore:
                 ).rowcount
                 if not updated:
                     raise ConcurrentUpdateError(f"broker {broker.broker_id} registered twice")
+                _fence_old_incarnation(c, broker.broker_id)
             _bump_version(c)
             return epoch
 
@@ -180,7 +193,7 @@ class MetadataStore:
         """Renew the lease of ``broker_id`` in ``broker_epoch``; False if it has expired (or a
         newer incarnation registered): the broker is fenced and must register again."""
         b = brokers_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             return bool(
                 c.execute(
                     brokers_table.update()
@@ -197,7 +210,7 @@ class MetadataStore:
     def expire_broker(self, broker_id: int, broker_epoch: int) -> None:
         """End the lease now (a clean shutdown): the controller moves leadership at once."""
         b = brokers_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             c.execute(
                 brokers_table.update()
                 .where(b.broker_id == broker_id, b.broker_epoch == broker_epoch)
@@ -234,7 +247,7 @@ class MetadataStore:
         """Take the controller lease if nobody holds a live one; return the new controller
         epoch, or None if another broker holds it."""
         t = controller_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             seen = c.execute(sa.select(t.controller_epoch).where(t.id == CONTROLLER_ROW)).first()
             if seen is None:
                 try:
@@ -274,7 +287,7 @@ class MetadataStore:
     def renew_controller(self, broker_id: int, controller_epoch: int, lease_ms: int) -> bool:
         """Extend the lease held in ``controller_epoch``; False once it has been lost."""
         t = controller_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             return bool(
                 c.execute(
                     controller_table.update()
@@ -291,7 +304,7 @@ class MetadataStore:
     @_storage_errors
     def resign_controller(self, broker_id: int, controller_epoch: int) -> None:
         t = controller_table.c
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             c.execute(
                 controller_table.update()
                 .where(t.broker_id == broker_id, t.controller_epoch == controller_epoch)
@@ -338,7 +351,7 @@ class MetadataStore:
             )
             .exists()
         )
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             updated = c.execute(
                 partitions_table.update()
                 .where(
@@ -371,7 +384,7 @@ class MetadataStore:
         broker_id, controller_epoch = controller
         t, p = controller_table.c, partitions_table.c
         applied: list[PartitionMeta] = []
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             live = c.execute(
                 sa.select(t.id).where(
                     t.id == CONTROLLER_ROW,
@@ -409,7 +422,7 @@ class MetadataStore:
     @_storage_errors
     def create_topic(self, topic: TopicMeta) -> TopicMeta:
         try:
-            with self.engine.begin() as c:
+            with self.writer.begin() as c:
                 c.execute(
                     topics_table.insert().values(
                         name=topic.name,
@@ -459,7 +472,7 @@ class MetadataStore:
 
     @_storage_errors
     def delete_topic(self, name: str) -> None:
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             deleted = c.execute(topics_table.delete().where(topics_table.c.name == name)).rowcount
             if not deleted:
                 raise UnknownTopicOrPartitionError(f"unknown topic {name!r}", topic=name)
@@ -479,7 +492,7 @@ class MetadataStore:
         values: dict[str, Any] = {"version": seen_version + 1}
         if configs is not None:
             values["configs"] = configs
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             if add_partitions:
                 count = c.execute(
                     sa.select(topics_table.c.partitions).where(topics_table.c.name == name)
@@ -507,7 +520,7 @@ class MetadataStore:
         and epoch 0. With a name (Kafka's ``transactional.id``): the same id with the epoch
         bumped, which fences every older session of that name; a fresh id past epoch 32767.
         """
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             row = None
             if name is not None:
                 row = c.execute(
@@ -535,7 +548,7 @@ class MetadataStore:
         """(producer id, digest, new) recorded for ``key``: a fresh id and ``digest`` for a new
         key (committed before the caller appends anything; new = True), the stored pair for a
         known one. Keys older than the window are forgotten first."""
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             c.execute(
                 idempotency_keys_table.delete().where(
                     idempotency_keys_table.c.created_ms < now_ms - window_ms
@@ -557,7 +570,7 @@ class MetadataStore:
     def release_idempotency_key(self, key: str, digest: str) -> None:
         """Forget ``key`` if it still stands for ``digest``: its request was rejected before
         anything was appended, so a corrected retry may claim it afresh."""
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             c.execute(
                 idempotency_keys_table.delete().where(
                     (idempotency_keys_table.c.key == key)
@@ -576,7 +589,7 @@ class MetadataStore:
     def allocate_producer_ids(self, count: int) -> range:
         """A block of ``count`` fresh producer ids for one broker to hand out (never reused:
         the counter only grows)."""
-        with self.engine.begin() as c:
+        with self.writer.begin() as c:
             first = self._next_producer_id(c, count)
         return range(first, first + count)
 
@@ -617,6 +630,46 @@ def _bump_version(c: sa.Connection) -> None:
                 .where(name == METADATA_VERSION)
                 .values(value=counters_table.c.value + 1)
             )
+
+
+def _fence_old_incarnation(c: sa.Connection, broker_id: int) -> None:
+    """A broker registering again is a new incarnation that may have lost what its page cache
+    held (power loss): it leaves every ISR that has another member, and gives up leadership
+    there (the controller elects from the rest), so it rejoins only by catching up — as
+    KRaft's controller fences a re-registered broker. Where it is the last ISR member it stays:
+    nobody else holds more (losing that copy too is what ``durability=fsync`` prevents)."""
+    p = partitions_table.c
+    rows = c.execute(
+        sa.select(p.topic, p.partition, p.leader, p.leader_epoch, p.isr, p.partition_epoch)
+    ).all()
+    for r in rows:
+        isr = [int(b) for b in r.isr]
+        others = [b for b in isr if b != broker_id]
+        if broker_id not in isr or not others:
+            continue
+        was_leader = r.leader == broker_id
+        c.execute(
+            partitions_table.update()
+            .where(
+                p.topic == r.topic,
+                p.partition == r.partition,
+                p.partition_epoch == r.partition_epoch,
+            )
+            .values(
+                isr=others,
+                leader=NO_LEADER_ID if was_leader else r.leader,
+                leader_epoch=r.leader_epoch + 1 if was_leader else r.leader_epoch,
+                partition_epoch=r.partition_epoch + 1,
+            )
+        )
+
+
+def _sqlite_manual_transactions(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.isolation_level = None  # pysqlite would BEGIN (deferred) on its own
+
+
+def _sqlite_begin_immediate(conn: sa.Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

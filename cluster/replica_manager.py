@@ -686,10 +686,12 @@ class ReplicaManager:
             return False
         if len(data):
             await part.append(bytes(data), as_follower=True, durable=f.fsync)
+        # The HW first: the log start may not pass it, and records below the leader's log start
+        # (which may differ from what the leader deleted) must go in this same step.
+        part.set_high_watermark(FollowerReplica.high_watermark(answer, lg.log_end_offset))
         if answer.log_start_offset > lg.log_start_offset:
             with contextlib.suppress(LogbusError):
                 await asyncio.to_thread(lg.increment_log_start_offset, answer.log_start_offset)
-        part.set_high_watermark(FollowerReplica.high_watermark(answer, lg.log_end_offset))
         return False
 
     def _now_ms(self) -> int:

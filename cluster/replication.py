@@ -26,12 +26,17 @@ Theory of operation
   end the leader had at the follower's previous fetch (then it was caught up at that time). A
   follower joins when its log end offset reaches the high watermark and the start of this
   leader epoch (so it holds everything this leader has committed). The leader never leaves.
-  Changes are *proposed* here and applied only after the metadata store accepted them.
+  Changes are *proposed* here and applied only after the metadata store accepted them; while a
+  proposal that adds a member is in flight the high watermark already waits for that member
+  (Kafka's "maximal ISR"): the store may accept it, and the controller elect the new member,
+  before the leader hears back — a HW that moved past the member's log end meanwhile would
+  have acknowledged records that the new leader lacks.
 * **Follower.** :class:`FollowerReplica` turns a fetch answer into one action: append the
   batches, truncate to an offset (diverging epoch: the end of the largest epoch both logs
   share, bounded by the leader's end for it), restart the log at the leader's log start
-  (fetch offset below it), or back off (fenced / not leader: wait for new metadata). It never
-  truncates to its own high watermark. Its high watermark is min(leader's, own log end).
+  (fetch offset below it, no epoch in common, or a log starting past the leader's end), or
+  back off (fenced / not leader: wait for new metadata). It never truncates to its own high
+  watermark. Its high watermark is min(leader's, own log end).
 
 Offsets are Kafka's: an "end offset" is the first offset *not* in the log.
 """
@@ -138,6 +143,8 @@ class LeaderReplica:
     epoch_start_offset: Offset  # the log end offset when this epoch began
     fsync_durability: bool = False
     followers: dict[BrokerId, FollowerPosition] = field(default_factory=dict)
+    # The ISR last proposed to the store and not yet seen applied (Kafka's pending ISR state).
+    pending_isr: tuple[BrokerId, ...] | None = None
 
     def __post_init__(self) -> None:
         assert self.state.leader == self.me, "a LeaderReplica is built for the leader"
@@ -156,6 +163,15 @@ class LeaderReplica:
         return self.state.isr
 
     @property
+    def maximal_isr(self) -> tuple[BrokerId, ...]:
+        """The ISR the high watermark waits for: the current one plus any member a proposal
+        in flight adds. The store may already have accepted the proposal (and the controller
+        may elect the new member) before the answer comes back, so the HW must not pass it."""
+        if self.pending_isr is None:
+            return self.state.isr
+        return self.state.isr + tuple(b for b in self.pending_isr if b not in self.state.isr)
+
+    @property
     def enough_replicas(self) -> bool:
         """acks=all may append (else NOT_ENOUGH_REPLICAS), and the HW may advance."""
         return len(self.state.isr) >= self.min_insync_replicas
@@ -172,11 +188,17 @@ class LeaderReplica:
             return FetchDecision(error=FetchError.FENCED_LEADER_EPOCH)
         if position.current_leader_epoch > self.leader_epoch:
             return FetchDecision(error=FetchError.UNKNOWN_LEADER_EPOCH)
+        if position.fetch_offset < log.log_start_offset:
+            # Everything the follower holds lies below our log start: it restarts its log there
+            # (epochs cannot help: ours may all be newer than its last one, and a diverging
+            # answer at our log start would cut nothing, so it would ask again forever).
+            return FetchDecision(error=FetchError.OFFSET_OUT_OF_RANGE)
         if position.last_fetched_epoch != UNDEFINED_EPOCH:
             epoch, end = log.end_offset_for_epoch(position.last_fetched_epoch)
             if epoch == UNDEFINED_EPOCH:
                 # Nothing in our log is as old as the follower's last epoch: everything the
-                # follower holds past our log start diverges.
+                # follower holds past our log start diverges, and what it holds below is not
+                # known to match what we deleted there. It restarts its log at our log start.
                 return FetchDecision(
                     diverging_epoch=UNDEFINED_EPOCH, diverging_end_offset=log.log_start_offset
                 )
@@ -210,7 +232,7 @@ class LeaderReplica:
             return self.high_watermark
         ends = [leader_end]
         durable = [leader_durable]
-        for b in self.state.isr:
+        for b in self.maximal_isr:
             if b == self.me:
                 continue
             f = self.followers.get(b)
@@ -256,7 +278,9 @@ class LeaderReplica:
         self, now_ms: int, alive: Iterable[BrokerId] | None = None
     ) -> tuple[BrokerId, ...] | None:
         """The ISR this leader wants (None: keep it). ``alive``: brokers with a live lease; a
-        fenced broker is neither kept nor added."""
+        fenced broker is neither kept nor added. The answer is remembered as pending (see
+        :attr:`maximal_isr`) until :meth:`apply` takes a newer row: call this only when the
+        shell is about to send it, and not again while it is in flight."""
         live = set(alive) if alive is not None else None
         isr = set(self.state.isr) - self.out_of_sync(now_ms)
         isr |= self.caught_up()
@@ -264,11 +288,16 @@ class LeaderReplica:
             isr = {b for b in isr if b == self.me or b in live}
         isr.add(self.me)
         ordered = tuple(b for b in self.state.replicas if b in isr)
-        return None if set(ordered) == set(self.state.isr) else ordered
+        self.pending_isr = None if set(ordered) == set(self.state.isr) else ordered
+        return self.pending_isr
 
     def apply(self, state: PartitionState) -> None:
-        """Take a newer row in the same leader epoch (an ISR change the store accepted)."""
+        """Take a newer row in the same leader epoch (an ISR change the store accepted); an
+        older one (the answer to our change arriving after a later row) is ignored, or the
+        next change would name a stale partition epoch and be refused until the row moved."""
         assert state.leader == self.me and state.leader_epoch == self.leader_epoch
+        if state.partition_epoch < self.state.partition_epoch:
+            return  # an ISR change's answer overtaken by a newer row: keep the newer one
         for b in state.replicas:
             if b != self.me and b not in self.followers:
                 self.followers[b] = FollowerPosition(last_caught_up_ms=self.now_ms)
@@ -276,6 +305,7 @@ class LeaderReplica:
             if b not in state.replicas:
                 del self.followers[b]
         self.state = state
+        self.pending_isr = None  # applied, or bound to fail (it names an older partition epoch)
 
     def followers_to_wake(self) -> set[BrokerId]:
         """Followers whose known HW is behind ours: a waiting fetch of theirs should answer."""
@@ -347,9 +377,20 @@ class FollowerReplica:
         if answer.error is FetchError.OFFSET_OUT_OF_RANGE:
             if sent.fetch_offset < answer.log_start_offset:
                 return FollowerAction(FollowerActionKind.RESTART_AT, answer.log_start_offset)
-            # Past the leader's end in an epoch the leader does not dispute: cannot happen when
-            # the epoch check passed; be safe and cut back to the leader's end.
+            if answer.log_end_offset < log.log_start_offset:
+                # Our whole log lies past the leader's end (an unclean election, or a restart
+                # at a log start the new leader never reached): a truncation cannot go below
+                # our log start, so start again where the leader's log starts.
+                return FollowerAction(FollowerActionKind.RESTART_AT, answer.log_start_offset)
+            # Past the leader's end with no epoch to compare (an empty epoch cache) or in an
+            # epoch the leader does not dispute: cut back to the leader's end.
             return FollowerAction(FollowerActionKind.TRUNCATE, answer.log_end_offset)
+        if answer.diverging_end_offset >= 0 and answer.diverging_epoch == UNDEFINED_EPOCH:
+            # No epoch in common: a cut at the leader's log start would keep our records below
+            # it (unlike the ones the leader deleted, and a replica in the ISR meanwhile could
+            # serve them as leader), and a log ending there would be cut to itself and ask the
+            # same question forever. Start empty at the leader's log start instead.
+            return FollowerAction(FollowerActionKind.RESTART_AT, answer.diverging_end_offset)
         if answer.diverging_end_offset >= 0:
             return FollowerAction(FollowerActionKind.TRUNCATE, self.truncation_offset(answer, log))
         return FollowerAction(FollowerActionKind.APPEND)
@@ -358,7 +399,7 @@ class FollowerReplica:
     def truncation_offset(answer: PartitionFetchAnswer, log: LogView) -> Offset:
         """Where to cut on a diverging epoch: the end of the largest epoch this log shares
         with the leader's answer, bounded by the leader's end for it (KIP-279)."""
-        if answer.diverging_epoch == UNDEFINED_EPOCH:
+        if answer.diverging_epoch == UNDEFINED_EPOCH:  # on_answer restarts the log instead
             return max(answer.diverging_end_offset, log.log_start_offset)
         mine, my_end = log.end_offset_for_epoch(answer.diverging_epoch)
         if mine == UNDEFINED_EPOCH:

@@ -663,11 +663,17 @@ class PartitionLog:
     def truncate_to(self, offset: int) -> int:
         """Remove every batch whose last offset is >= ``offset``; return the new LEO.
 
-        Used by followers to cut a divergent suffix. Whole batches only, as Kafka does.
+        Used by followers to cut a divergent suffix. Whole batches only, as Kafka does. Epoch
+        entries starting at or past the new LEO go too, even when no batch does.
         """
         with self._lock:
             self._check_open()
             if offset >= self.log_end_offset:
+                # Nothing to cut, but an epoch this broker began as leader without appending
+                # anything ends here: it goes (as in Kafka), or the follower's next fetch would
+                # name it as its last epoch again and diverge forever at the same offset.
+                if self.epochs.truncate_from_end(self.log_end_offset):
+                    self.epochs.store()
                 return self.log_end_offset
             offset = max(offset, self._log_start_offset)
             while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:

@@ -76,8 +76,9 @@ def stage() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def service() -> dict[str, Any]:
+    """The compose file's first broker (tests/test_compose.py holds the three to one shape)."""
     compose = yaml.safe_load(COMPOSE.read_text())
-    broker: dict[str, Any] = compose["services"]["broker"]
+    broker: dict[str, Any] = compose["services"]["broker1"]
     broker["_volumes"] = compose.get("volumes") or {}
     return broker
 
@@ -119,7 +120,7 @@ def test_data_volume_is_mounted_where_the_command_keeps_data(
 ) -> None:
     data_dir = option(command, "--data-dir")
     assert data_dir == "/data"
-    assert "logbus-data" in service["_volumes"]
+    assert "broker1-data" in service["_volumes"]
     mounts = {}
     for v in service["volumes"]:
         if isinstance(v, str):
@@ -127,7 +128,7 @@ def test_data_volume_is_mounted_where_the_command_keeps_data(
         else:
             source, target = v["source"], v["target"]
         mounts[target] = source
-    assert mounts[data_dir] == "logbus-data"
+    assert mounts[data_dir] == "broker1-data"
     assert data_dir in only(stage, "VOLUME").replace('"', " ").strip("[] ").split()
 
 

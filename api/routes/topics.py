@@ -17,6 +17,7 @@ from ..schemas import (
     OffsetPublic,
     PartitionPublic,
     PartitionsIncrease,
+    ReplicaPublic,
     TopicCreate,
     TopicDetail,
     TopicList,
@@ -49,10 +50,22 @@ def _configs(t: TopicMeta) -> ConfigsPublic:
     )
 
 
-def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
+async def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
+    """Each partition's row, the leader's offsets (asked of it where it is another broker)
+    and this broker's replica."""
+    leaders = await broker.leader_offsets(t.name, [a.partition for a in t.assignments])
     out = []
-    for a in t.assignments:
+    for a, offsets in zip(t.assignments, leaders, strict=True):
         p = broker.local_partition(t.name, a.partition)
+        lso, hw, leo = offsets or (-1, -1, -1)
+        local = None
+        if p is not None:
+            local = ReplicaPublic(
+                broker_id=broker.config.broker_id,
+                log_start_offset=p.log_start_offset,
+                high_watermark=p.high_watermark,
+                log_end_offset=p.log_end_offset,
+            )
         out.append(
             PartitionPublic(
                 partition=a.partition,
@@ -60,10 +73,10 @@ def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
                 leader_epoch=a.leader_epoch,
                 replicas=a.replicas,
                 isr=a.isr,
-                # This broker's replica; -1 where it holds none (ask a replica of the partition).
-                log_start_offset=p.log_start_offset if p else -1,
-                high_watermark=p.high_watermark if p else -1,
-                log_end_offset=p.log_end_offset if p else -1,
+                log_start_offset=lso,
+                high_watermark=hw,
+                log_end_offset=leo,
+                local_replica=local,
             )
         )
     return out
@@ -94,7 +107,7 @@ async def list_topics(
 @router.get("/{topic}", summary="Describe a topic and its partitions", responses=errors(404))
 async def describe_topic(topic: str, broker: BrokerDep) -> TopicDetail:
     t = broker.topic(topic)
-    return TopicDetail(**_public(t).model_dump(), partition_details=_partitions(broker, t))
+    return TopicDetail(**_public(t).model_dump(), partition_details=await _partitions(broker, t))
 
 
 @router.delete(
@@ -127,7 +140,7 @@ async def patch_configs(topic: str, body: ConfigsPatch, broker: BrokerDep) -> Co
 )
 async def add_partitions(topic: str, body: PartitionsIncrease, broker: BrokerDep) -> TopicDetail:
     t = await broker.add_partitions(topic, body.count)
-    return TopicDetail(**_public(t).model_dump(), partition_details=_partitions(broker, t))
+    return TopicDetail(**_public(t).model_dump(), partition_details=await _partitions(broker, t))
 
 
 @router.get(
@@ -136,7 +149,7 @@ async def add_partitions(topic: str, body: PartitionsIncrease, broker: BrokerDep
     responses=errors(404),
 )
 async def list_partitions(topic: str, broker: BrokerDep) -> list[PartitionPublic]:
-    return _partitions(broker, broker.topic(topic))
+    return await _partitions(broker, broker.topic(topic))
 
 
 @router.get(

@@ -2,6 +2,7 @@
 
     python -m examples.clickstream.pipeline [--url URL (default $LOGBUS_URL)] [--topic clicks]
         [--out-topic clicks-per-minute] [--dir ./clickstream-out] [--available-now]
+        [--replication-factor N]
 
 Reads ``--topic`` with the ``logbus`` source, parses the JSON clicks, counts them per user in
 1-minute event-time windows with a 1-minute watermark, and writes each finished window twice:
@@ -83,15 +84,20 @@ def start(
     return [to_parquet, to_logbus]
 
 
-def create_topic(url: str, name: str) -> None:
+def create_topic(url: str, name: str, replication_factor: int | None = None) -> None:
+    """Create the output topic (1 partition) unless it exists."""
     import httpx
 
-    r = httpx.post(f"{url}/v1/topics", json={"name": name, "partitions": 1}, timeout=30.0)
+    spec: dict[str, object] = {"name": name, "partitions": 1}
+    if replication_factor is not None:
+        spec["replication_factor"] = replication_factor
+    r = httpx.post(f"{url}/v1/topics", json=spec, timeout=30.0)
     if r.status_code not in (201, 409):
         r.raise_for_status()
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_compose.py parses docker-compose.yml's job with it)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--url",
@@ -102,7 +108,16 @@ def main() -> None:
     ap.add_argument("--out-topic", default="clicks-per-minute")
     ap.add_argument("--dir", type=Path, default=Path("clickstream-out"))
     ap.add_argument("--available-now", action="store_true")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--replication-factor",
+        type=int,
+        help="of --out-topic if it is created (default: the broker's; 3 in a cluster)",
+    )
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -119,7 +134,7 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark_sink.register(spark)
-    create_topic(args.url, args.out_topic)
+    create_topic(args.url, args.out_topic, args.replication_factor)
     queries = start(spark, args.url, args.topic, args.out_topic, args.dir, args.available_now)
     try:
         for q in queries:

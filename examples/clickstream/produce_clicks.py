@@ -1,7 +1,7 @@
 """Produce JSON click events into a Logbus topic (the input of ``pipeline.py``).
 
     python -m examples.clickstream.produce_clicks [--url URL (default $LOGBUS_URL)] [--topic clicks]
-        [--events 6000] [--minutes 5] [--users 5]
+        [--events 6000] [--minutes 5] [--users 5] [--replication-factor N]
 
 The events are spread evenly over ``--minutes`` of *event time*, starting at a whole minute
 ten minutes ago, and go round-robin over ``--users`` users, so the per-minute counts the
@@ -23,14 +23,24 @@ MAX_RECORDS_PER_REQUEST = 10_000
 
 
 def produce(
-    url: str, topic: str, events: int, minutes: int, users: int, start_ms: int | None = None
+    url: str,
+    topic: str,
+    events: int,
+    minutes: int,
+    users: int,
+    start_ms: int | None = None,
+    replication_factor: int | None = None,
 ) -> int:
-    """Create ``topic`` (3 partitions) if needed and produce the events; returns start_ms."""
+    """Create ``topic`` (3 partitions, ``replication_factor`` replicas: by default the
+    broker's default) if needed and produce the events; returns start_ms."""
     if start_ms is None:
         start_ms = (int(time.time()) // 60 - 10) * 60_000
     step_ms = minutes * 60_000 / events
     with httpx.Client(base_url=url, timeout=60.0) as http:
-        r = http.post("/v1/topics", json={"name": topic, "partitions": 3})
+        spec: dict[str, object] = {"name": topic, "partitions": 3}
+        if replication_factor is not None:
+            spec["replication_factor"] = replication_factor
+        r = http.post("/v1/topics", json=spec)
         if r.status_code not in (201, 409):
             r.raise_for_status()
         for first in range(0, events, MAX_RECORDS_PER_REQUEST):
@@ -44,7 +54,8 @@ def produce(
     return start_ms
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_compose.py parses docker-compose.yml's producer with it)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--url",
@@ -55,8 +66,22 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=6000)
     ap.add_argument("--minutes", type=int, default=5)
     ap.add_argument("--users", type=int, default=5)
-    args = ap.parse_args()
-    start = produce(args.url, args.topic, args.events, args.minutes, args.users)
+    ap.add_argument(
+        "--replication-factor", type=int, help="of the topic if it is created (3 in a cluster)"
+    )
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    start = produce(
+        args.url,
+        args.topic,
+        args.events,
+        args.minutes,
+        args.users,
+        replication_factor=args.replication_factor,
+    )
     per = args.events // args.minutes // args.users
     print(
         f"produced {args.events} click events into {args.topic!r}: {args.minutes} minutes of "

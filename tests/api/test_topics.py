@@ -31,6 +31,7 @@ PARTITION_FIELDS = {
     "log_start_offset",
     "high_watermark",
     "log_end_offset",
+    "local_replica",
 }
 
 
@@ -230,6 +231,9 @@ def test_list_and_describe(http: httpx.Client) -> None:
         assert p["leader"] == 1 and p["replicas"] == [1] and p["isr"] == [1]
         assert p["leader_epoch"] == 0
         assert p["log_start_offset"] == 0
+        # One broker: its own replica is the leader's.
+        mine = {k: p[k] for k in ("log_start_offset", "high_watermark", "log_end_offset")}
+        assert p["local_replica"] == {"broker_id": 1, **mine}
     assert [(p["high_watermark"], p["log_end_offset"]) for p in parts] == [(0, 0), (0, 0), (4, 4)]
 
 

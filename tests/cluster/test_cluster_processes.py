@@ -85,7 +85,7 @@ def _local(base: str, topic: str) -> dict[str, Any]:
     r = httpx.get(f"{base}/v1/topics/{topic}/partitions", timeout=10)
     r.raise_for_status()
     part: dict[str, Any] = r.json()[0]
-    return part
+    return {**part, **(part["local_replica"] or {})}  # this broker's own replica's offsets
 
 
 def _values(base: str, topic: str) -> list[Any]:

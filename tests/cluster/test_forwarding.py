@@ -8,6 +8,7 @@ broker leads, one follows and one holds no replica — every path is exercised.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -288,3 +289,114 @@ def test_cluster_view_lists_brokers_controller_and_partition_health(
         health = body["partitions"]
         assert health["total"] >= PARTITIONS and health["offline"] == 0
         assert health["unclean_elections"] == 0
+
+
+def test_admin_changes_are_made_by_the_controller(cluster: tuple[str, dict[int, str]]) -> None:
+    url, urls = cluster
+    store = MetadataStore(url)
+    try:
+        controller = store.controller()
+    finally:
+        store.close()
+    assert controller is not None and controller.alive
+    other = next(base for i, base in urls.items() if i != controller.broker_id)
+    r = httpx.post(
+        f"{other}/v1/topics",
+        json={"name": "admin-fwd", "partitions": 2, "replication_factor": 2},
+        timeout=30,
+    )
+    assert r.status_code == 201, r.text
+    assert r.headers["Logbus-Forwarded-To"] == str(controller.broker_id)
+    assert r.headers["Location"] == "/v1/topics/admin-fwd"
+    # Routed by the client: answered where asked (the store transaction is safe anywhere).
+    direct = httpx.post(
+        f"{other}/v1/topics/admin-fwd/partitions",
+        json={"count": 3},
+        headers={"Logbus-Route": "direct"},
+        timeout=30,
+    )
+    assert direct.status_code == 200, direct.text
+    assert "Logbus-Forwarded-To" not in direct.headers
+    gone = httpx.delete(f"{other}/v1/topics/admin-fwd", timeout=30)
+    assert gone.status_code == 204, gone.text
+
+
+def test_group_calls_through_any_broker_reach_the_coordinator(
+    cluster: tuple[str, dict[int, str]],
+) -> None:
+    url, urls = cluster
+    leader, _, _ = _roles(url, urls, 0)
+    group = "fwd-group"
+    # Every call goes to a different broker; each is answered by the coordinator.
+    bases = list(urls.values())
+    joined = httpx.post(
+        f"{bases[0]}/v1/groups/{group}/members",
+        json={"topics": [TOPIC], "auto_offset_reset": "earliest"},
+        timeout=30,
+    )
+    assert joined.status_code == 201, joined.text
+    member = joined.json()["member_id"]
+    beat = httpx.post(f"{bases[1]}/v1/groups/{group}/members/{member}/heartbeat", timeout=30)
+    assert beat.status_code == 200, beat.text
+    assert {(a["topic"], a["partition"]) for a in beat.json()["assignment"]} == {
+        (TOPIC, p) for p in range(PARTITIONS)
+    }
+    committed = httpx.post(
+        f"{bases[2]}/v1/groups/{group}/offsets",
+        json={
+            "member_id": member,
+            "generation": beat.json()["generation"],
+            "offsets": [{"topic": TOPIC, "partition": 0, "offset": 1}],
+        },
+        timeout=30,
+    )
+    assert committed.status_code == 200, committed.text
+    for base in bases:
+        got = httpx.get(f"{base}/v1/groups/{group}/offsets", timeout=30)
+        assert got.status_code == 200, got.text
+        assert [(o["partition"], o["offset"]) for o in got.json()["offsets"]] == [(0, 1)]
+    polled = httpx.get(
+        f"{bases[1]}/v1/groups/{group}/members/{member}/records",
+        params={"wait_ms": 5000},
+        timeout=30,
+    )
+    assert polled.status_code == 200, polled.text
+    assert _fetch(leader, 0, 0).json()["high_watermark"] > 0
+
+
+def test_partition_listing_gives_the_leaders_offsets_on_every_broker(
+    cluster: tuple[str, dict[int, str]],
+) -> None:
+    url, urls = cluster
+    leader, _, outsider = _roles(url, urls, 0)
+    assert _produce(leader, 0, ["listed"]).status_code == 200
+    hw = _fetch(leader, 0, 0).json()["high_watermark"]
+    for i, base in urls.items():
+        [p0] = [
+            p
+            for p in httpx.get(f"{base}/v1/topics/{TOPIC}/partitions", timeout=10).json()
+            if p["partition"] == 0
+        ]
+        assert p0["high_watermark"] == hw and p0["log_end_offset"] == hw, base
+        if base == outsider:
+            assert p0["local_replica"] is None
+        else:
+            assert p0["local_replica"]["broker_id"] == i
+
+
+def test_the_leader_exports_isr_and_follower_lag_metrics(
+    cluster: tuple[str, dict[int, str]],
+) -> None:
+    url, urls = cluster
+    row = _row(url, 2)
+    leader = urls[row.leader]
+    follower = next(r for r in row.replicas if r != row.leader)
+    assert _produce(leader, 2, ["m"]).status_code == 200
+    text = httpx.get(f"{leader}/metrics", timeout=10).text
+    assert f'logbus_partition_isr_size{{partition="2",topic="{TOPIC}"}} 2.0' in text
+    assert f'logbus_partition_under_replicated{{partition="2",topic="{TOPIC}"}} 0.0' in text
+    lag = re.search(
+        rf'logbus_replica_lag_records{{follower="{follower}",partition="2",topic="{TOPIC}"}} (\S+)',
+        text,
+    )
+    assert lag is not None and float(lag[1]) >= 0  # acks=all: the follower has fetched

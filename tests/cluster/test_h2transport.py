@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import random
 import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
@@ -18,6 +20,8 @@ import h2.connection
 import h2.events
 import h2.settings
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cluster.h2transport import (
     H2Client,
@@ -204,6 +208,13 @@ def test_request_body_at_the_limit_accepted_one_byte_over_refused_413() -> None:
     run(main())
 
 
+def _stream_finished(sid: int, events: list[h2.events.Event]) -> bool:
+    return any(
+        isinstance(e, h2.events.StreamEnded | h2.events.StreamReset) and e.stream_id == sid
+        for e in events
+    )
+
+
 def test_body_over_the_limit_without_content_length_is_refused_mid_stream() -> None:
     """The cap is enforced on the DATA received, not only on content-length."""
     limits = H2Limits(max_request_body_bytes=100_000)
@@ -229,13 +240,7 @@ def test_body_over_the_limit_without_content_length_is_refused_mid_stream() -> N
                     peer.h2.send_data(sid, b"x" * n, end_stream=sent + n == size)
                     sent += n
                     await peer.flush()
-                events = await peer.events_until(
-                    lambda ev, s=sid: any(
-                        isinstance(e, h2.events.StreamEnded | h2.events.StreamReset)
-                        and e.stream_id == s
-                        for e in ev
-                    )
-                )
+                events = await peer.events_until(functools.partial(_stream_finished, sid))
                 statuses = [
                     dict(e.headers)[b":status"]
                     for e in events
@@ -535,5 +540,410 @@ def test_close_is_idempotent_and_a_closed_client_refuses() -> None:
             await client.request("GET", "/", timeout_s=5)
         await server.close()
         await server.close()
+
+    run(main())
+
+
+# -- the zero-copy DATA path over real sockets (cluster.h2frames) -----------------------------
+SMALL_CHUNKS = H2Limits(send_chunk_bytes=16_384)
+
+
+@pytest.mark.parametrize("limits", [DEFAULT_LIMITS, SMALL_CHUNKS], ids=["1MiB-frames", "16KiB"])
+def test_body_sizes_at_the_frame_edges_round_trip_both_ways(limits: H2Limits) -> None:
+    chunk = limits.send_chunk_bytes
+    sizes = [0, 1, chunk - 1, chunk, chunk + 1, 5 * chunk + 3]
+
+    async def main() -> None:
+        async with (
+            serving(
+                echo, H2Limits(max_request_body_bytes=8 * MIB, send_chunk_bytes=chunk)
+            ) as server,
+            client_of(server, limits) as client,
+        ):
+            for size in sizes:
+                body = bytes((i * 7 + size) % 251 for i in range(size))
+                response = await client.request("POST", "/", body=body, timeout_s=10)
+                assert (response.status, response.body) == (200, body)
+            # a response cut into many frames by the server, into several parts by the handler
+            assert server.stats.streams_opened == len(sizes)
+            assert server.stats.body_bytes_sent == sum(sizes)
+
+    run(main())
+
+
+def test_the_zero_copy_path_under_uvloop_which_the_brokers_run_on() -> None:
+    """uvloop's transports are not asyncio's: BufferedProtocol reads and memoryview writes."""
+    uvloop = pytest.importorskip("uvloop")
+    sizes = [0, 1, 16_384, 3 * MIB + 5]
+
+    async def main() -> None:
+        async with (
+            serving(echo, H2Limits(max_request_body_bytes=4 * MIB)) as server,
+            client_of(server, SMALL_CHUNKS) as client,
+        ):
+            assert "uvloop" in type(asyncio.get_running_loop()).__module__
+            for size in sizes:
+                body = hashlib.sha256(str(size).encode()).digest() * (size // 32) + b"t" * (
+                    size % 32
+                )
+                response = await client.request("POST", "/", body=body, timeout_s=10)
+                assert response.body == body
+
+    uvloop.run(asyncio.wait_for(main(), 30))
+
+
+def test_concurrent_large_responses_interleave_on_one_connection_intact() -> None:
+    bodies = {i: hashlib.sha256(str(i).encode()).digest() * (40_000 + 997 * i) for i in range(8)}
+
+    async def handler(request: H2Request) -> H2Response:
+        body = bodies[int(request.path.strip("/"))]
+        view = memoryview(body)
+        return H2Response(200, [], [view[:1000], view[1000:]])
+
+    async def main() -> None:
+        async with serving(handler, SMALL_CHUNKS) as server, client_of(server) as client:
+            responses = await asyncio.gather(
+                *(client.request("GET", f"/{i}", timeout_s=20) for i in bodies)
+            )
+            assert [r.body for r in responses] == list(bodies.values())
+            assert server.stats.connections_open == 1
+
+    run(main())
+
+
+class WindowedPeer(RawPeer):
+    """A client that advertises small windows and acknowledges only when told to, counting
+    what arrives per stream; stock h2 on this side raises if the server oversteps a window."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        super().__init__(reader, writer)
+        self.received: dict[int, bytearray] = {}
+        self.ended: set[int] = set()
+        self.unacked: list[tuple[int, int]] = []
+
+    @classmethod
+    async def open(cls, port: int, *, stream_window: int) -> WindowedPeer:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        peer = cls(reader, writer)
+        peer.h2.initiate_connection()
+        codes = h2.settings.SettingCodes
+        peer.h2.update_settings({codes.INITIAL_WINDOW_SIZE: stream_window})
+        await peer.flush()
+        return peer
+
+    async def read_until(self, done: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not done():
+                await self._read_once()
+
+    async def read_more_than(self, before: int, count: Callable[[], int]) -> None:
+        await self.read_until(lambda: count() > before)
+
+    async def read_briefly(self, quiet_s: float = 0.2) -> None:
+        """Whatever else arrives within quiet_s: only ever finds a violation, never causes a
+        failure by being slow."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(quiet_s):
+                while True:
+                    await self._read_once()
+
+    async def _read_once(self) -> None:
+        data = await self.reader.read(1 << 20)
+        if not data:
+            raise EOFError
+        # stock h2 raises FlowControlError if the server oversteps a window
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.DataReceived) and event.stream_id:
+                assert event.data is not None
+                self.received.setdefault(event.stream_id, bytearray()).extend(event.data)
+                self.unacked.append((event.stream_id, event.flow_controlled_length))
+            elif isinstance(event, h2.events.StreamEnded) and event.stream_id:
+                self.ended.add(event.stream_id)
+        await self.flush()  # SETTINGS acks etc.; no WINDOW_UPDATE unless ack() is called
+
+    async def ack(self) -> None:
+        for sid, n in self.unacked:
+            self.h2.acknowledge_received_data(n, sid)
+        self.unacked.clear()
+        await self.flush()
+
+
+def test_stream_window_exhaustion_stalls_the_sender_and_window_update_resumes_it() -> None:
+    size = 300_000
+    payload = bytes(range(256)) * (size // 256) + b"!" * (size % 256)
+
+    async def handler(request: H2Request) -> H2Response:
+        return H2Response(200, [], payload)
+
+    async def main() -> None:
+        async with serving(handler) as server:
+            peer = await WindowedPeer.open(server.port, stream_window=50_000)
+            sid = peer.open_stream("/")
+            await peer.flush()
+            await peer.read_until(lambda: len(peer.received.get(sid, b"")) >= 50_000)
+            await peer.read_briefly()
+            # exactly the stream window, not a byte more (the connection window is larger)
+            assert len(peer.received[sid]) == 50_000
+            assert sid not in peer.ended
+            while sid not in peer.ended:
+                before = len(peer.received[sid])
+                await peer.ack()  # h2 sends WINDOW_UPDATE once half the window is consumed
+                await peer.read_more_than(before, lambda: len(peer.received[sid]))  # resumed
+            assert bytes(peer.received[sid]) == payload
+            peer.close()
+
+    run(main())
+
+
+def test_connection_window_is_shared_by_streams_and_respected() -> None:
+    """Stream windows large, connection window the default 65 535: two responses together
+    never exceed it until the peer acknowledges (RFC 9113 §6.9.1)."""
+    size = 100_000
+    payload = b"c" * size
+
+    async def handler(request: H2Request) -> H2Response:
+        return H2Response(200, [], payload)
+
+    async def main() -> None:
+        async with serving(handler) as server:
+            peer = await WindowedPeer.open(server.port, stream_window=2**31 - 1)
+            sids = [peer.open_stream("/a"), peer.open_stream("/b")]
+            await peer.flush()
+
+            def total() -> int:
+                return sum(len(v) for v in peer.received.values())
+
+            await peer.read_until(lambda: total() >= 65_535)
+            await peer.read_briefly()
+            assert total() == 65_535
+            while len(peer.ended) < 2:
+                before = total()
+                await peer.ack()
+                await peer.read_more_than(before, total)
+            assert [bytes(peer.received[s]) for s in sids] == [payload, payload]
+            peer.close()
+
+    run(main())
+
+
+def test_a_slow_reader_gets_everything_while_the_server_buffer_stays_bounded() -> None:
+    limits = H2Limits(send_chunk_bytes=256 * 1024)
+    payload = hashlib.sha256(b"slow").digest() * (16 * MIB // 32)
+
+    async def handler(request: H2Request) -> H2Response:
+        return H2Response(200, [], payload)
+
+    async def main() -> None:
+        async with serving(handler, limits) as server:
+            peer = await RawPeer.connect(server.port, big_windows=True)
+            sid = peer.open_stream("/")
+            await peer.flush()
+            body = bytearray()
+            reads = 0
+            while True:
+                data = await peer.reader.read(8192)  # small reads, a yield between them
+                assert data
+                reads += 1
+                done = False
+                for event in peer.h2.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived) and event.stream_id == sid:
+                        assert event.data is not None
+                        body += event.data
+                        peer.h2.acknowledge_received_data(event.flow_controlled_length, sid)
+                    done |= isinstance(event, h2.events.StreamEnded)
+                await peer.flush()
+                await asyncio.sleep(0)
+                if done:
+                    break
+            assert bytes(body) == payload
+            bound = limits.send_chunk_bytes + limits.write_buffer_high_bytes + 64 * 1024
+            assert server.stats.peak_write_buffer_bytes <= bound
+            peer.close()
+
+    run(main())
+
+
+def test_a_response_with_content_length_over_the_cap_is_refused_before_its_body() -> None:
+    cap = 1 * MIB
+
+    async def handler(request: H2Request) -> H2Response:
+        return H2Response(200, [], b"ok" if request.path == "/small" else b"x" * (64 * MIB))
+
+    async def main() -> None:
+        async with serving(handler) as server:
+            client = H2Client(
+                "127.0.0.1", server.port, limits=H2Limits(max_response_body_bytes=cap)
+            )
+            try:
+                with pytest.raises(H2TransportError, match="over"):
+                    await client.request("GET", "/big", timeout_s=10)
+                # reset at the headers: the server stops well short of 64 MiB
+                await wait_until(lambda: server.stats.streams_reset == 1)
+                assert server.stats.body_bytes_sent < 64 * MIB
+                assert (await client.request("GET", "/small", timeout_s=10)).body == b"ok"
+                assert server.stats.connections_open == 1
+            finally:
+                await client.close()
+
+    run(main())
+
+
+# -- requests the server did not process are sent again ----------------------------------------
+class ScriptedServer:
+    """A hand-driven h2c server: ``script(conn_index, h2, stream_id)`` decides per request
+    whether to ``answer`` (with the path), ``refuse`` the stream, ``hold`` it or ``close`` the
+    connection; the script may
+    also act on the connection itself (GOAWAY)."""
+
+    def __init__(self, script: Callable[[int, h2.connection.H2Connection, int], str]) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests: list[tuple[int, int, str]] = []  # (connection, stream, path)
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        index = self.connections
+        self.connections += 1
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        try:
+            while data := await reader.read(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        assert event.stream_id is not None and event.headers is not None
+                        path = dict(event.headers)[b":path"].decode()
+                        self.requests.append((index, event.stream_id, path))
+                        action = self.script(index, conn, event.stream_id)
+                        if action == "answer":
+                            body = path.encode()
+                            conn.send_headers(
+                                event.stream_id,
+                                [(":status", "200"), ("content-length", str(len(body)))],
+                            )
+                            conn.send_data(event.stream_id, body, end_stream=True)
+                        elif action == "refuse":
+                            conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                        elif action == "close":
+                            writer.write(conn.data_to_send())
+                            return
+                writer.write(conn.data_to_send())
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+
+def test_a_refused_stream_is_sent_again_and_answered() -> None:
+    refused: set[int] = set()
+
+    def script(index: int, conn: h2.connection.H2Connection, sid: int) -> str:
+        if len(refused) < 2:
+            refused.add(sid)
+            return "refuse"
+        return "answer"
+
+    async def main() -> None:
+        scripted = ScriptedServer(script)
+        port = await scripted.start()
+        client = H2Client("127.0.0.1", port)
+        try:
+            response = await client.request("GET", "/x", timeout_s=10)
+            assert response.body == b"/x"
+            assert client.resends == 2
+            assert [r[2] for r in scripted.requests] == ["/x"] * 3
+        finally:
+            await client.close()
+            await scripted.close()
+
+    run(main())
+
+
+def test_streams_beyond_goaway_last_stream_id_are_sent_again_on_a_new_connection() -> None:
+    seen: list[int] = []
+
+    def script(index: int, conn: h2.connection.H2Connection, sid: int) -> str:
+        if index == 0:
+            seen.append(sid)
+            # the first connection answers nothing until it has two streams, then processes
+            # none of them: GOAWAY with last_stream_id below both
+            if len(seen) == 2:
+                conn.close_connection(last_stream_id=0)
+            return "hold"
+        return "answer"
+
+    async def main() -> None:
+        scripted = ScriptedServer(script)
+        port = await scripted.start()
+        client = H2Client("127.0.0.1", port)
+        try:
+            a, b = await asyncio.gather(
+                client.request("GET", "/a", timeout_s=10), client.request("GET", "/b", timeout_s=10)
+            )
+            assert (a.body, b.body) == (b"/a", b"/b")
+            assert client.resends == 2
+            assert scripted.connections == 2
+            assert sorted(p for c, _, p in scripted.requests if c == 1) == ["/a", "/b"]
+        finally:
+            await client.close()
+            await scripted.close()
+
+    run(main())
+
+
+def test_a_stream_the_server_processed_before_goaway_is_not_sent_again() -> None:
+    def script(index: int, conn: h2.connection.H2Connection, sid: int) -> str:
+        if index == 0:
+            conn.close_connection(last_stream_id=sid)  # taken, then the connection goes
+            return "close"
+        return "answer"
+
+    async def main() -> None:
+        scripted = ScriptedServer(script)
+        port = await scripted.start()
+        client = H2Client("127.0.0.1", port)
+        try:
+            with pytest.raises(H2TransportError):
+                await client.request("POST", "/once", body=b"not idempotent", timeout_s=10)
+            assert client.resends == 0
+            assert len(scripted.requests) == 1
+        finally:
+            await client.close()
+            await scripted.close()
+
+    run(main())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    part_sizes=st.lists(st.integers(0, 40_000), min_size=0, max_size=24),
+    chunk=st.sampled_from([1000, 16_384, 65_536, MIB]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_any_parts_and_frame_size_round_trip_byte_identical(
+    part_sizes: list[int], chunk: int, seed: int
+) -> None:
+    """Random buffers per response, cut into random frame sizes: the body arrives intact."""
+    rng = random.Random(seed)
+    parts = [rng.randbytes(n) for n in part_sizes]
+    limits = H2Limits(send_chunk_bytes=chunk)
+
+    async def handler(request: H2Request) -> H2Response:
+        return H2Response(200, [], [memoryview(p) for p in parts])
+
+    async def main() -> None:
+        async with serving(handler, limits) as server, client_of(server) as client:
+            response = await client.request("GET", "/", timeout_s=20)
+            assert response.body == b"".join(parts)
+            assert server.stats.body_bytes_sent == sum(part_sizes)
 
     run(main())

@@ -24,8 +24,8 @@ def test_sqlite_database_full_is_a_storage_error_and_rolls_back(tmp_path: Path) 
         cur.execute(f"PRAGMA max_page_count={pages}")  # SQLite's own "disk full"
         cur.close()
 
-    sa.event.listen(store.engine, "connect", cap_at_current_size)
-    store.engine.dispose()
+    sa.event.listen(store.writer, "connect", cap_at_current_size)  # writes go through it
+    store.writer.dispose()
     created = []
     with pytest.raises(KafkaStorageError, match="database or disk is full"):
         for i in range(MAX_TOPICS_TRIED):

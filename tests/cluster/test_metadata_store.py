@@ -57,6 +57,25 @@ def test_each_registration_is_a_new_epoch_and_fences_the_old_one(store: Metadata
     assert (b.broker_epoch, b.alive, b.replication_port, b.rack) == (second, True, 7001, "rack-1")
 
 
+def test_a_new_incarnation_leaves_every_isr_it_shares_and_its_leadership(
+    store: MetadataStore,
+) -> None:
+    rows = [
+        PartitionMeta("t", 0, [1, 2, 3], [1, 2, 3], 1, 4, 7),  # led by 1
+        PartitionMeta("t", 1, [2, 1, 3], [2, 1, 3], 2, 5, 8),  # follower
+        PartitionMeta("t", 2, [1, 2, 3], [1], 1, 6, 9),  # last ISR member: stays
+        PartitionMeta("t", 3, [2, 3, 1], [2, 3], 2, 1, 2),  # out of sync already
+    ]
+    store.create_topic(TopicMeta("t", "0" * 32, 4, 3, {}, 0, 0, rows))
+    store.register_broker(_broker(1), LEASE_MS)  # the first registration changes no row
+    assert store.topic("t").assignments == rows
+    store.register_broker(_broker(1), LEASE_MS)  # restarted: it may have lost unsynced data
+    after = store.topic("t").assignments
+    assert after[0] == PartitionMeta("t", 0, [1, 2, 3], [2, 3], -1, 5, 8)
+    assert after[1] == PartitionMeta("t", 1, [2, 1, 3], [2, 3], 2, 5, 9)
+    assert after[2:] == rows[2:]
+
+
 def test_an_expired_lease_cannot_be_renewed(store: MetadataStore) -> None:
     epoch = store.register_broker(_broker(1), 0)  # expires at once (database clock)
     assert not store.brokers()[0].alive
@@ -190,3 +209,34 @@ def test_logbus_metadata_upgrade_creates_then_keeps_the_schema(tmp_path: Path) -
     assert main(["metadata", "upgrade", "--metadata-url", url]) == 0
     assert main(["metadata", "upgrade", "--metadata-url", url]) == 0
     assert migrate.current(sa.create_engine(url)) == migrate.head()
+
+
+def test_brokers_registering_at_once_on_one_sqlite_file_all_succeed(tmp_path: Path) -> None:
+    """A deferred SQLite transaction that reads then writes fails at once ("database is
+    locked") when another writer holds the lock; writes begin IMMEDIATE and queue instead."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    MetadataStore(url).close()  # the schema, made once
+    stores = [MetadataStore(url) for _ in range(8)]
+    start = threading.Barrier(len(stores))
+    epochs: dict[int, int] = {}
+    errors: list[BaseException] = []
+
+    def register(i: int) -> None:
+        start.wait()
+        try:
+            for _ in range(5):
+                epochs[i] = stores[i].register_broker(
+                    BrokerMeta(i, "127.0.0.1", 9000 + i, None), 9000
+                )
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=register, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert errors == []
+    assert epochs == {i: 5 for i in range(len(stores))}

@@ -1,0 +1,176 @@
+"""HTTP requests that another broker must answer, passed on to it: any broker serves them all.
+
+A partition's produce and fetch are forwarded inside the cluster layer (:mod:`cluster.forwarding`,
+record batches over the brokers' h2c link). Two kinds of calls belong to one broker as a whole
+and are forwarded here instead, as the HTTP request they are:
+
+* **group calls** (``/v1/groups/{group}/…``) go to the group's coordinator, the leader of the
+  group's ``__consumer_offsets`` partition, which holds the group's members in memory;
+* **admin changes** (create and delete a topic, add partitions, alter configs) go to the broker
+  holding the controller lease, which places replicas and drives the change on every broker.
+
+The forwarded request carries ``Logbus-Forwarded-By``, so the target answers it itself and a
+request never travels twice (a target that no longer coordinates the group answers 421
+``NOT_COORDINATOR``, retriable, which the client receives); the partitions a group poll reads
+are still reached through the cluster layer wherever they are led. The answer is streamed back as it
+comes (a member's long-poll or SSE stream included). A client that routes itself sends
+``Logbus-Route: direct`` and is answered where it asked.
+
+Limits: the body is the front door's (already capped by :class:`api.budgets.BodyGuard`); the
+answer is streamed, never held; a target that does not answer within ``max_wait_ms`` + 30 s is
+given up (504), one that cannot be reached answers 503 (retriable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from cluster.broker import Broker
+from core_log.errors import ErrorCode, LogbusError
+
+from .problems import PROBLEM_JSON, problem_bytes
+
+_GROUP = re.compile(r"^/v1/groups/([^/]+)(?:/.*)?$")
+_ADMIN = (
+    ("POST", re.compile(r"^/v1/topics/?$")),
+    ("DELETE", re.compile(r"^/v1/topics/[^/]+/?$")),
+    ("PATCH", re.compile(r"^/v1/topics/[^/]+/configs/?$")),
+    ("POST", re.compile(r"^/v1/topics/[^/]+/partitions/?$")),
+)
+# Request headers passed on (the rest are the hop's own or the front door's).
+_PASSED = {
+    b"content-type",
+    b"accept",
+    b"idempotency-key",
+    b"last-event-id",
+    b"user-agent",
+    b"authorization",
+}
+# Answer headers not passed back: this hop frames the answer itself.
+_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"server", b"date"}
+FORWARDED_BY = b"logbus-forwarded-by"
+CONNECT_TIMEOUT_S = 5.0
+READ_MARGIN_S = 30.0  # past the longest wait a client may ask for (max_wait_ms)
+MAX_CONNECTIONS = 64  # to all other brokers together: forwarded calls are the rare kind
+
+
+@dataclass(frozen=True)
+class Target:
+    broker_id: int
+    url: str
+    role: str  # "coordinator" or "controller", for the error when it is unreachable
+
+
+class Proxy:
+    def __init__(self, broker: Broker, max_wait_ms: int) -> None:
+        self.broker = broker
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(
+                CONNECT_TIMEOUT_S, read=max_wait_ms / 1000 + READ_MARGIN_S, pool=CONNECT_TIMEOUT_S
+            ),
+            limits=httpx.Limits(max_connections=MAX_CONNECTIONS),
+        )
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def target(self, scope: Scope, direct: bool) -> Target | None:
+        """The broker that must answer this request, when it is another one."""
+        broker = self.broker
+        if direct or broker.replicas is None or _forwarded(scope):
+            return None
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if m := _GROUP.match(path):
+            coordinator = broker.coordinator_of(m[1])
+            return self._other(coordinator, "coordinator")
+        if any(method == verb and rx.match(path) for verb, rx in _ADMIN):
+            ctl = await asyncio.to_thread(broker.store.controller)
+            return self._other(ctl.broker_id if ctl and ctl.alive else -1, "controller")
+        return None
+
+    def _other(self, broker_id: int, role: str) -> Target | None:
+        replicas = self.broker.replicas
+        if broker_id == self.broker.config.broker_id or replicas is None:
+            return None
+        meta = replicas.brokers.get(broker_id)
+        if meta is None:  # none known now: answer here (the call itself says what is wrong)
+            return None
+        return Target(broker_id, meta.base_url, role)
+
+    async def forward(self, scope: Scope, body: bytes, send: Send, target: Target) -> None:
+        query = scope.get("query_string", b"")
+        url = target.url + scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
+        headers = [(k, v) for k, v in scope["headers"] if k in _PASSED]
+        headers.append((FORWARDED_BY, str(self.broker.config.broker_id).encode()))
+        request = self.client.build_request(scope["method"], url, headers=headers, content=body)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.TimeoutException:
+            await _problem(send, _unreachable(target, "did not answer in time"), 504)
+            return
+        except httpx.HTTPError as e:
+            await _problem(send, _unreachable(target, str(e) or type(e).__name__), 503)
+            return
+        try:
+            out = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP]
+            out.append((b"logbus-forwarded-to", str(target.broker_id).encode()))
+            await send(
+                {"type": "http.response.start", "status": response.status_code, "headers": out}
+            )
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except httpx.HTTPError:
+            pass  # the answer was under way: the client sees it cut short (no second status)
+        finally:
+            await response.aclose()
+
+
+def _forwarded(scope: Scope) -> bool:
+    return any(k == FORWARDED_BY for k, _ in scope["headers"])
+
+
+def _unreachable(target: Target, why: str) -> LogbusError:
+    code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if target.role == "controller":
+        code = ErrorCode.NETWORK_EXCEPTION
+    return LogbusError(
+        f"the {target.role}, broker {target.broker_id} at {target.url}, could not be reached: "
+        f"{why}; retry",
+        code=code,
+        broker_id=target.broker_id,
+    )
+
+
+async def _problem(send: Send, error: LogbusError, status: int) -> None:
+    error.http_status_override = status
+    body = problem_bytes(error)
+    headers = [
+        (b"content-type", PROBLEM_JSON.encode()),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def read_all(receive: Receive, limit: int) -> bytes:
+    """The request body (the front door's BodyGuard has capped it at ``limit`` already)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionError("client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ValueError("body over the limit")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
