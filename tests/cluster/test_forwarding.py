@@ -334,9 +334,9 @@ def test_group_calls_through_any_broker_reach_the_coordinator(
     # leaders: retry like a Kafka client until each broker answers a group call.
     for base in bases:
         eventually(
-            lambda base=base: (
-                lambda r: r if r.status_code in (200, 404) else None
-            )(httpx.get(f"{base}/v1/groups/{group}/offsets", timeout=30)),
+            lambda base=base: (lambda r: r if r.status_code in (200, 404) else None)(
+                httpx.get(f"{base}/v1/groups/{group}/offsets", timeout=30)
+            ),
             f"{base} reaching the coordinator",
         )
     joined = httpx.post(
