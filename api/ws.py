@@ -255,6 +255,7 @@ class Session:
             )
         except UnknownTopicOrPartitionError as e:
             raise Close(proto.CLOSE_UNKNOWN_TOPIC, e.message) from None
+        await self.coordinator.durable(msg.group)
         self.group, self.member_id = msg.group, r.member_id
         self.auto_ack = msg.auto_ack
         self.format = msg.format

@@ -187,6 +187,8 @@ class Broker:
         self.sticky = StickyPartitioner()
         self._admin_lock = asyncio.Lock()
         self.topic_listeners: list[Callable[[], None]] = []  # told of partition/topic changes
+        # Told when this broker may have gained or lost the leadership of partitions.
+        self.role_listeners: list[Callable[[], None]] = []
         self.ready = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -227,6 +229,8 @@ class Broker:
         await self.logs.start()
         self.replicas = ReplicaManager(rcfg, self.logs, self.store, self.clock, self.log_config)
         self.replicas.on_topics.append(self._set_topics)
+        self.replicas.on_topics_changed.append(self._topics_changed)
+        self.replicas.on_roles_changed.append(self._roles_changed)
         service = PartitionService(self.replicas)
         for path in FORWARDED_PATHS:
             self.replicas.handlers[path] = service.handle
@@ -443,6 +447,10 @@ class Broker:
         for listener in self.topic_listeners:
             listener()
 
+    def _roles_changed(self) -> None:
+        for listener in self.role_listeners:
+            listener()
+
     async def alter_configs(self, name: str, changes: dict[str, Any]) -> TopicMeta:
         """Set keys to new values; a ``None`` value resets the key to its default."""
         async with self._admin_lock:
@@ -593,10 +601,12 @@ class Broker:
         """:meth:`reader` with its offsets fresh, for a caller that checks an offset."""
         return await synced(self.reader(topic, partition, direct=direct))
 
-    async def known_reader(self, topic: str, partition: int) -> PartitionReader:
+    async def known_reader(
+        self, topic: str, partition: int, *, direct: bool | None = None
+    ) -> PartitionReader:
         """:meth:`reader`, synced only if its offsets were never seen (a loop that reads it
         keeps them fresh)."""
-        reader = self.reader(topic, partition)
+        reader = self.reader(topic, partition, direct=direct)
         return reader if reader.high_watermark >= 0 else await synced(reader)
 
     def leads(self, topic: str, partition: int) -> bool:
@@ -608,14 +618,30 @@ class Broker:
 
     def coordinator_of(self, group_id: str) -> int:
         """The broker coordinating ``group_id``: the leader of its ``__consumer_offsets``
-        partition (crc32 of the id, as Kafka's); -1 while the topic or its leader is missing."""
+        partition (:func:`offsets_partition`) as this broker last read the metadata; -1 when
+        there is none (the topic is not created yet, or the partition is offline)."""
+        meta = self._topics.get(OFFSETS_TOPIC)
+        if meta is None:
+            return -1
+        p = offsets_partition(group_id, meta.partitions)
         if self.replicas is None:
             return self.config.broker_id
-        try:
-            count = self.topic(OFFSETS_TOPIC).partitions
-        except LogbusError:
-            return -1
-        return self.replicas.leader_id(OFFSETS_TOPIC, zlib.crc32(group_id.encode()) % count)
+        return self.replicas.leader_id(OFFSETS_TOPIC, p)
+
+    def broker_url(self, broker_id: int) -> str | None:
+        """A broker's advertised base URL as last read from the store (None if unknown)."""
+        if self.replicas is None:
+            return None
+        b = self.replicas.brokers.get(broker_id)
+        return b.base_url if b is not None else None
+
+    def leader_epoch(self, topic: str, partition: int) -> int | None:
+        """The leader epoch in which this broker leads the partition now; None if it does not
+        (a single broker leads everything in epoch 0)."""
+        if self.replicas is None:
+            return 0
+        leading = self.replicas.leading.get((topic, partition))
+        return leading.replica.leader_epoch if leading is not None and leading.active else None
 
     def offsets_replication_factor(self) -> int:
         """Kafka's offsets.topic.replication.factor (3), capped by the brokers registered."""
@@ -708,6 +734,11 @@ class Broker:
                 epoch=latest,
                 received_epoch=h.producer_epoch,
             )
+
+
+def offsets_partition(group_id: str, partitions: int) -> int:
+    """The ``__consumer_offsets`` partition holding a group's offsets and membership."""
+    return zlib.crc32(group_id.encode()) % partitions
 
 
 async def _completed(work: Coroutine[Any, Any, T]) -> T:

@@ -2,14 +2,34 @@
 
 Theory of operation
 -------------------
-* **Offsets are records.** A commit appends one record per partition to the internal compacted
-  topic ``__consumer_offsets``, partition ``crc32(group) % N``, with ``acks=all`` (fsynced)
+* **Who coordinates.** A group lives in partition ``crc32(group) % N`` of the internal compacted
+  topic ``__consumer_offsets`` (:func:`cluster.broker.offsets_partition`); the broker leading
+  that partition is its coordinator. When a broker becomes leader of such a partition (told by
+  :attr:`cluster.broker.Broker.role_listeners`, and checked again every second) it *loads* it:
+  waits until its high watermark covers its whole log (everything the old leader wrote that
+  this one holds is then committed; with RF=3 that takes one follower fetch), reads it from
+  the log start to the high watermark, and only then answers for its groups. When it loses the
+  leadership it *unloads*: its groups and offsets are dropped and every waiting poll or
+  WebSocket wakes up to a retriable ``NOT_COORDINATOR`` (421, naming the new coordinator). A
+  call for a group whose partition is still loading gets ``COORDINATOR_LOAD_IN_PROGRESS``
+  (503, retriable); for one coordinated elsewhere ``NOT_COORDINATOR`` with ``coordinator_id``
+  and ``coordinator_url``.
+* **Offsets are records.** A commit appends one record per partition with ``acks=all`` (fsynced)
   before it is acknowledged. Key: the JSON array ``["offset", group, topic, partition]``;
   value: ``{"offset", "metadata", "commit_ms"}``; a tombstone (null value) deletes. Compaction
-  keeps the latest commit per key. At start every partition of the topic is read from its log
-  start to its high watermark into memory (``_offsets``); after that, reads are memory only.
-* **Groups** (:class:`cluster.group.Group`, sans-I/O) live in memory only: after a broker restart
-  members get ``UNKNOWN_MEMBER_ID`` and join again; their committed offsets are intact.
+  keeps the latest commit per key. A loaded partition's offsets are in memory (``_offsets``).
+* **Membership is a record too.** Key ``["group", group]``, value
+  :meth:`cluster.group.Group.to_record` (epochs, members, owned/revoking/target partitions);
+  a tombstone when the group is deleted or forgotten. Each group has at most one write in
+  flight (acks=all, in order); changes made meanwhile coalesce into the next write, which
+  carries the state as it is then — the latest state wins, so a burst of joins costs two
+  writes, not one per join. A join, heartbeat, leave or poll that changed the member's view
+  answers only once that view is durable (:meth:`Coordinator.durable`; one replicated append,
+  a few ms) — so after a failover the new coordinator resumes the members exactly as they were
+  told, with deadlines restarted at load time. A member therefore sees one retriable error
+  (the 421/503 while the coordinator moves) and keeps its member id, epoch and assignment.
+  Not kept: fetch positions — a restored member reads on from its committed offsets (at least
+  once, like any consumer after a crash).
 * **Time.** One task sleeps until the earliest session or revocation deadline of any group (or
   a second at most) and expires members; the same task drops the offsets of groups that have
   been empty for ``offsets_retention_ms`` (Kafka's ``offsets.retention.minutes``, 7 days).
@@ -25,9 +45,8 @@ import contextlib
 import logging
 import re
 import uuid
-import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -42,7 +61,7 @@ from core_log.errors import (
 from core_log.log import ReadResult
 
 from .assignor import TopicPartition
-from .broker import OFFSETS_TOPIC, Acks, Broker
+from .broker import OFFSETS_TOPIC, Acks, Broker, offsets_partition
 from .group import Group, Member, Reconciled
 
 log = logging.getLogger("logbus.coordinator")
@@ -54,6 +73,11 @@ MAX_METADATA_CHARS = 4_096  # Kafka's offset.metadata.max.bytes
 LOAD_READ_BYTES = 1024 * 1024
 EXPIRY_TICK_MS = 1_000  # the longest the expiry task sleeps
 IDLE_GROUP_KEPT_MS = 600_000  # an empty group without offsets is forgotten after this long
+# A membership record larger than this is not written (1,000 members of 1,000 topics would not
+# fit a message); such a group is lost on failover and its members join again.
+GROUP_RECORD_MAX_BYTES = 900 * 1024
+PERSIST_BACKOFF_S = (0.05, 1.0)  # retry a failed membership write: first and longest wait
+DURABLE_WAIT_S = 30.0  # the longest an answer waits for its membership record
 _GROUP_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
@@ -72,6 +96,36 @@ class Fetched:
     partition: int
     offset: int
     result: ReadResult
+
+
+@dataclass(eq=False)
+class _Loaded:
+    """A loaded offsets partition: the leader epoch it was loaded in."""
+
+    epoch: int
+
+
+@dataclass(eq=False)
+class _Loading:
+    epoch: int
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(eq=False)
+class _Persisted:
+    """The membership record of one group: what was asked and what is durable."""
+
+    wanted: int = 0  # bumped on every change to write
+    written: int = 0  # the last ``wanted`` that is durable
+    failed: int = 0  # the ``wanted`` of the last failed write
+    error: LogbusError | None = None
+    seen: tuple[Group | None, int] = (None, -1)  # the group object and version last marked
+    task: asyncio.Task[None] | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # replaced after each attempt
+
+    def attempted(self) -> None:
+        self.done.set()
+        self.done = asyncio.Event()
 
 
 def validate_group_id(group_id: str) -> None:
@@ -101,78 +155,218 @@ class Coordinator:
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()  # tombstone writes in flight
         self._wake = asyncio.Event()
+        self._loaded: dict[int, _Loaded] = {}  # offsets partitions coordinated here
+        self._loading: dict[int, _Loading] = {}
+        self._persist: dict[str, _Persisted] = {}  # membership records, per group
+        self._create_task: asyncio.Future[None] | None = None
+        self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Create the offsets topic if missing and load the partitions this broker leads. In a
+        cluster the topic is created later, at the first group call, so that it gets a
+        replication factor from every broker started by then (Kafka does the same)."""
         try:
-            topic = self.broker.topic(OFFSETS_TOPIC)
+            self.broker.topic(OFFSETS_TOPIC)
         except LogbusError:
-            try:
-                topic = await self.broker.create_topic(
-                    OFFSETS_TOPIC,
-                    self.offsets_partitions,
-                    self.broker.offsets_replication_factor(),
-                    configs=OFFSETS_TOPIC_CONFIGS,
-                )
-            except TopicAlreadyExistsError:  # another broker of the cluster made it first
-                await self.broker.refresh_metadata()
-                topic = self.broker.topic(OFFSETS_TOPIC)
-        self.offsets_partitions = topic.partitions
-        for p in range(topic.partitions):
-            if self.broker.leads(OFFSETS_TOPIC, p):
-                # In a cluster, this broker coordinates the groups of the partitions it leads.
-                # TODO(issue 11, next): load/unload on leadership changes (coordinator failover).
-                await self._load(p)
-        self._loaded_ms = self.clock.now_ms()
+            if not self.broker.config.clustered:
+                await self._create_offsets_topic()
         self.broker.topic_listeners.append(self._topics_changed)
+        self.broker.role_listeners.append(self._roles_changed)
+        self._roles_changed()
+        await asyncio.gather(
+            *(x.task for x in self._loading.values() if x.task is not None),
+            return_exceptions=True,
+        )
+        self._loaded_ms = self.clock.now_ms()
         self._task = asyncio.create_task(self._expiry_loop(), name="group-expiry")
 
+    async def _create_offsets_topic(self) -> None:
+        try:
+            await self.broker.create_topic(
+                OFFSETS_TOPIC,
+                self.offsets_partitions,
+                self.broker.offsets_replication_factor(),
+                configs=OFFSETS_TOPIC_CONFIGS,
+            )
+        except TopicAlreadyExistsError:  # another broker of the cluster made it first
+            await self.broker.refresh_metadata()
+
+    def _offsets_partitions(self) -> int | None:
+        """The partition count of the offsets topic; None (and its creation started, in a
+        cluster) while it does not exist."""
+        try:
+            return self.broker.topic(OFFSETS_TOPIC).partitions
+        except LogbusError:
+            if self._create_task is None or self._create_task.done():
+                self._create_task = asyncio.ensure_future(self._create_offsets_topic())
+                self._create_task.add_done_callback(_log_failure)
+            return None
+
     async def close(self) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for loading in self._loading.values():
+            if loading.task is not None:
+                loading.task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for st in self._persist.values():
+            if st.task is not None:
+                st.task.cancel()
         for event in self._events.values():
             event.set()
 
-    async def _load(self, partition: int) -> None:
-        p = self.broker.partition(OFFSETS_TOPIC, partition)
-        offset = p.log_start_offset
-        while offset < p.high_watermark:
-            result = await p.read(offset, LOAD_READ_BYTES)
-            if not result.data:
-                break
-            for record in iter_records(result.data):
-                if record.offset >= offset:
-                    self._apply(record)
-            offset = result.next_offset
+    # -- loading and unloading -------------------------------------------------------------------
 
-    def _apply(self, record: Record) -> None:
+    def _roles_changed(self) -> None:
+        """Load the offsets partitions this broker leads now; unload those it lost (or leads
+        in a new epoch: another leader may have written meanwhile)."""
+        if self._closed:
+            return
         try:
-            kind, group, topic, partition = orjson.loads(record.key or b"")
-            assert kind == "offset"
-        except (ValueError, TypeError, AssertionError):
-            log.warning("skipping an unreadable %s record at %d", OFFSETS_TOPIC, record.offset)
+            n = self.broker.topic(OFFSETS_TOPIC).partitions
+        except LogbusError:
             return
-        tp = (topic, partition)
-        if record.value is None:
-            offsets = self._offsets.get(group)
-            if offsets is not None:
-                offsets.pop(tp, None)
-                if not offsets:
-                    del self._offsets[group]
+        self.offsets_partitions = n
+        for p in range(n):
+            epoch = self.broker.leader_epoch(OFFSETS_TOPIC, p)
+            loaded, loading = self._loaded.get(p), self._loading.get(p)
+            have = loaded.epoch if loaded else loading.epoch if loading else None
+            if epoch == have:
+                continue
+            if have is not None:
+                self._unload(p, f"leadership moved (epoch {have} -> {epoch})")
+            if epoch is not None:
+                started = self._loading[p] = _Loading(epoch)
+                started.task = asyncio.create_task(self._load(p, started), name=f"offsets-load-{p}")
+
+    async def _load(self, partition: int, loading: _Loading) -> None:
+        """Read the partition into fresh maps and install them if still wanted."""
+        groups: dict[str, dict[str, Any] | None] = {}
+        offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        try:
+            p = self.broker.partition(OFFSETS_TOPIC, partition)
+            end = p.log_end_offset  # nothing else writes here until the load is done
+            while p.high_watermark < end:  # the old leader's tail, committed by our followers
+                if self._loading.get(partition) is not loading:
+                    return
+                await p.wait_for(p.high_watermark, 1.0)
+            offset = p.log_start_offset
+            while offset < end:
+                result = await p.read(offset, LOAD_READ_BYTES, max_offset=end)
+                if not result.data:
+                    break
+                for record in iter_records(result.data):
+                    if offset <= record.offset < end:
+                        _apply(record, groups, offsets)
+                offset = result.next_offset
+        except LogbusError as e:  # lost the leadership, storage: the next check tries again
+            log.warning("%s-%d: load failed: %s", OFFSETS_TOPIC, partition, e)
+            if self._loading.get(partition) is loading:
+                del self._loading[partition]
             return
-        v = orjson.loads(record.value)
-        self._offsets.setdefault(group, {})[tp] = CommittedOffset(
-            v["offset"], v.get("metadata", ""), v.get("commit_ms", record.timestamp)
+        if self._loading.get(partition) is not loading:
+            return
+        del self._loading[partition]
+        now = self.clock.now_ms()
+        restored = 0
+        for group_id, doc in groups.items():
+            if doc is None:
+                continue
+            try:
+                group = Group.from_record(group_id, doc, now)
+            except ValueError as e:
+                log.warning("group %s: %s; its members join again", group_id, e)
+                continue
+            self.groups[group_id] = group
+            self._persist[group_id] = _Persisted(seen=(group, group.version))
+            restored += 1
+        self._offsets.update(offsets)
+        self._loaded[partition] = _Loaded(loading.epoch)
+        log.info(
+            "%s-%d: coordinating %d groups (%d with offsets) in leader epoch %d",
+            OFFSETS_TOPIC,
+            partition,
+            restored,
+            len(offsets),
+            loading.epoch,
+        )
+        self._topics_changed()  # partitions may have been added while nobody coordinated
+        self._wake.set()
+
+    def _unload(self, partition: int, why: str) -> None:
+        loading = self._loading.pop(partition, None)
+        if loading is not None and loading.task is not None:
+            loading.task.cancel()
+        if self._loaded.pop(partition, None) is None:
+            return
+        n = self.offsets_partitions
+        mine = {g for g in (*self.groups, *self._offsets) if offsets_partition(g, n) == partition}
+        log.info("%s-%d: unloading %d groups: %s", OFFSETS_TOPIC, partition, len(mine), why)
+        gone = self._not_coordinator_error(next(iter(mine), ""))
+        for group_id in mine:
+            self.groups.pop(group_id, None)
+            self._offsets.pop(group_id, None)
+            st = self._persist.pop(group_id, None)
+            if st is not None:
+                if st.task is not None:
+                    st.task.cancel()
+                st.error, st.failed = gone, st.wanted
+                st.attempted()
+            self._changed(group_id)  # waiting polls look again and hear NOT_COORDINATOR
+
+    def coordinates(self, group_id: str) -> bool:
+        """Whether this broker coordinates the group now (its offsets partition is loaded)."""
+        n = self._offsets_known()
+        return n is not None and offsets_partition(group_id, n) in self._loaded
+
+    def _offsets_known(self) -> int | None:
+        try:
+            return self.broker.topic(OFFSETS_TOPIC).partitions
+        except LogbusError:
+            return None
+
+    def _check(self, group_id: str) -> int:
+        """The group's offsets partition, if this broker coordinates it; else a retriable
+        error: COORDINATOR_NOT_AVAILABLE (no offsets topic yet), COORDINATOR_LOAD_IN_PROGRESS,
+        or NOT_COORDINATOR naming the coordinator."""
+        validate_group_id(group_id)
+        n = self._offsets_partitions()
+        if n is None:
+            raise LogbusError(
+                f"{OFFSETS_TOPIC} is being created; try again",
+                code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+            )
+        p = offsets_partition(group_id, n)
+        if p in self._loaded:
+            return p
+        if p in self._loading or self.broker.leader_epoch(OFFSETS_TOPIC, p) is not None:
+            raise LogbusError(
+                f"group {group_id!r}: this broker is loading {OFFSETS_TOPIC}-{p}; try again",
+                code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+            )
+        raise self._not_coordinator_error(group_id)
+
+    def _not_coordinator_error(self, group_id: str) -> LogbusError:
+        leader = self.broker.coordinator_of(group_id) if group_id else -1
+        if leader == self.broker.config.broker_id:
+            leader = -1  # we lead it in the store's view but stepped down: not known
+        return LogbusError(
+            f"broker {self.broker.config.broker_id} does not coordinate group {group_id!r}"
+            + (f"; broker {leader} does" if leader >= 0 else "; its coordinator is moving"),
+            code=ErrorCode.NOT_COORDINATOR,
+            coordinator_id=leader,
+            coordinator_url=self.broker.broker_url(leader) if leader >= 0 else None,
         )
 
     # -- groups ----------------------------------------------------------------------------------
 
     def _group(self, group_id: str, *, create: bool = False) -> Group:
-        validate_group_id(group_id)
+        self._check(group_id)
         group = self.groups.get(group_id)
         if group is None:
             if not create:
@@ -201,10 +395,12 @@ class Coordinator:
         return event
 
     def _changed(self, group_id: str) -> None:
+        """The group changed (or went away): wake its waiters and write its record."""
         event = self._events.pop(group_id, None)
         if event is not None:
             event.set()
         self._wake.set()
+        self._mark(group_id)
 
     def _partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
         return {t: self.broker.topic(t).partitions for t in topics}
@@ -227,23 +423,25 @@ class Coordinator:
                 f"{OFFSETS_TOPIC} is internal", code=ErrorCode.INVALID_TOPIC_EXCEPTION
             )
         group = self._group(group_id, create=True)
-        reconciled = group.join(
-            uuid.uuid4().hex,
-            frozenset(topics),
-            counts,
-            self.clock.now_ms(),
-            session_timeout_ms=session_timeout_ms,
-            rebalance_timeout_ms=rebalance_timeout_ms,
-            instance_id=instance_id,
-            client_id=client_id,
-            auto_offset_reset=auto_offset_reset,
-        )
-        self._changed(group_id)
+        try:
+            reconciled = group.join(
+                uuid.uuid4().hex,
+                frozenset(topics),
+                counts,
+                self.clock.now_ms(),
+                session_timeout_ms=session_timeout_ms,
+                rebalance_timeout_ms=rebalance_timeout_ms,
+                instance_id=instance_id,
+                client_id=client_id,
+                auto_offset_reset=auto_offset_reset,
+            )
+        finally:
+            self._changed(group_id)
         return reconciled
 
     def _member_group(self, group_id: str, member_id: str) -> Group:
         """The group of a member call: an unknown group means an unknown member."""
-        validate_group_id(group_id)
+        self._check(group_id)
         group = self.groups.get(group_id)
         if group is None:
             raise LogbusError(
@@ -255,15 +453,24 @@ class Coordinator:
     def heartbeat(self, group_id: str, member_id: str, *, ack: bool = True) -> Reconciled:
         group = self._member_group(group_id, member_id)
         before = group.epoch
-        reconciled = group.reconcile(member_id, self.clock.now_ms(), ack=ack)
-        if reconciled.released or group.epoch != before:
+        version = group.version
+        try:
+            reconciled = group.reconcile(member_id, self.clock.now_ms(), ack=ack)
+        finally:
+            if group.epoch != before:
+                self._changed(group_id)
+            elif group.version != version:
+                self._mark(group_id)
+        if reconciled.released:
             self._changed(group_id)
         return reconciled
 
     def leave(self, group_id: str, member_id: str, *, permanent: bool = False) -> None:
         group = self._member_group(group_id, member_id)
-        group.leave(member_id, self.clock.now_ms(), permanent=permanent)
-        self._changed(group_id)
+        try:
+            group.leave(member_id, self.clock.now_ms(), permanent=permanent)
+        finally:
+            self._changed(group_id)
 
     def member(self, group_id: str, member_id: str) -> Member:
         return self._member_group(group_id, member_id).member(member_id)
@@ -294,9 +501,11 @@ class Coordinator:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_failure)
 
     async def _expiry_loop(self) -> None:
         while True:
+            self._roles_changed()  # a missed notification costs at most one tick
             now = self.clock.now_ms()
             for group in list(self.groups.values()):
                 gone = group.expire(now)
@@ -305,7 +514,10 @@ class Coordinator:
                     self._changed(group.group_id)
                 if not group.members:
                     self._forget_if_idle(group, now)
-            await self._expire_offsets(now)
+            try:
+                await self._expire_offsets(now)
+            except LogbusError as e:  # not the coordinator any more, no ISR: next tick
+                log.info("expiring offsets failed: %s", e)
             deadlines = [d for g in self.groups.values() if (d := g.next_deadline_ms()) is not None]
             sleep_ms = min([EXPIRY_TICK_MS, *(d - now + 1 for d in deadlines)])
             self._wake.clear()
@@ -324,9 +536,7 @@ class Coordinator:
         ):
             del self.groups[group.group_id]
             self._locks.pop(group.group_id, None)
-            event = self._events.pop(group.group_id, None)
-            if event is not None:
-                event.set()  # nobody should be waiting; if someone is, they look again
+            self._changed(group.group_id)  # writes the tombstone of its membership record
 
     async def _expire_offsets(self, now_ms: int) -> None:
         for group_id, offsets in list(self._offsets.items()):
@@ -346,12 +556,12 @@ class Coordinator:
     def require_known(self, group_id: str) -> None:
         """404 GROUP_ID_NOT_FOUND unless the group has members or committed offsets (a deleted
         or expired group has neither)."""
-        validate_group_id(group_id)
+        self._check(group_id)
         if group_id not in self.groups and group_id not in self._offsets:
             raise LogbusError(f"no group {group_id!r}", code=ErrorCode.GROUP_ID_NOT_FOUND)
 
     def committed(self, group_id: str) -> dict[TopicPartition, CommittedOffset]:
-        validate_group_id(group_id)
+        self._check(group_id)
         return dict(self._offsets.get(group_id, {}))
 
     async def commit(
@@ -377,7 +587,7 @@ class Coordinator:
                     code=ErrorCode.OFFSET_METADATA_TOO_LARGE,
                 )
         if member_id is None:
-            validate_group_id(group_id)
+            self._check(group_id)
             group = self.groups.get(group_id)
             if group is not None:
                 group.check_commit(None, None, list(offsets))
@@ -402,7 +612,7 @@ class Coordinator:
         for tp, (offset, _) in offsets.items():
             pos = member.positions.get(tp)
             if tp in member.owned and pos is not None and pos < offset:
-                hw = self.broker.reader(*tp).high_watermark  # -1: not known here yet
+                hw = self.broker.reader(*tp, direct=False).high_watermark  # -1: not known yet
                 member.positions[tp] = min(offset, hw) if hw >= 0 else offset
 
     async def _write(
@@ -421,11 +631,12 @@ class Coordinator:
             )
             for (t, p), c in sorted(offsets.items())
         ]
-        partition = zlib.crc32(group_id.encode()) % self.offsets_partitions
+        partition = self._check(group_id)
+        loaded = self._loaded[partition]
         async with self._lock(group_id):
-            await self.broker.append(
-                OFFSETS_TOPIC, partition, build_batch(records), Acks.ALL, internal=True
-            )
+            await self._append(group_id, partition, records)
+            if self._loaded.get(partition) is not loaded:  # unloaded meanwhile: not ours now
+                raise self._not_coordinator_error(group_id)
             stored = self._offsets.setdefault(group_id, {})
             for tp, c in offsets.items():
                 if c is None:
@@ -446,25 +657,143 @@ class Coordinator:
 
     async def reset(self, group_id: str, offsets: dict[TopicPartition, int]) -> None:
         """Set committed offsets of an empty group (resolved by the caller)."""
-        validate_group_id(group_id)
+        self._check(group_id)
         self._check_empty(group_id)
         await self.commit(group_id, None, None, {tp: (o, "") for tp, o in offsets.items()})
 
     async def delete(self, group_id: str) -> None:
-        validate_group_id(group_id)
+        self._check(group_id)
         self._check_empty(group_id)
         if group_id not in self._offsets and group_id not in self.groups:
             raise LogbusError(f"no group {group_id!r}", code=ErrorCode.GROUP_ID_NOT_FOUND)
         if group_id in self._offsets:
             await self._write(group_id, {tp: None for tp in self._offsets[group_id]})
-        self.groups.pop(group_id, None)
+        if self.groups.pop(group_id, None) is not None:
+            self._changed(group_id)  # the tombstone of its membership record
+            await self.durable(group_id)
 
     def group_ids(self) -> list[str]:
+        """The groups coordinated here (in a cluster, other brokers coordinate others)."""
         return sorted(set(self.groups) | set(self._offsets))
 
     def group(self, group_id: str) -> Group:
         """The group (an empty one when it is known by its offsets only)."""
         return self._group(group_id)
+
+    # -- membership records ----------------------------------------------------------------------
+
+    def _mark(self, group_id: str) -> None:
+        """Write the group's record (or tombstone) if it changed since the last mark."""
+        if self._closed:
+            return
+        group = self.groups.get(group_id)
+        st = self._persist.get(group_id)
+        if st is None:
+            if group is None:
+                return  # unloaded, or forgotten with its tombstone written
+            st = self._persist[group_id] = _Persisted()
+        seen = (group, group.version if group is not None else -1)
+        if st.seen[0] is seen[0] and st.seen[1] == seen[1]:
+            return
+        st.seen = seen
+        st.wanted += 1
+        if st.task is None or st.task.done():
+            st.task = asyncio.create_task(self._persist_loop(group_id, st), name="group-record")
+
+    async def _persist_loop(self, group_id: str, st: _Persisted) -> None:
+        """Write the latest state until what was asked is durable; one write at a time."""
+        backoff = PERSIST_BACKOFF_S[0]
+        while st.written < st.wanted and self._persist.get(group_id) is st:
+            wanted = st.wanted
+            try:
+                partition = self._check(group_id)
+                loaded = self._loaded[partition]
+                group = self.groups.get(group_id)
+                value = None if group is None else orjson.dumps(group.to_record())
+                if value is not None and len(value) > GROUP_RECORD_MAX_BYTES:
+                    log.warning(
+                        "group %s: membership record of %d bytes is too large to keep; a "
+                        "failover loses its members",
+                        group_id,
+                        len(value),
+                    )
+                    value = None
+                record = Record(
+                    key=orjson.dumps(["group", group_id]),
+                    value=value,
+                    timestamp=self.clock.now_ms(),
+                )
+                async with self._lock(group_id):
+                    await self._append(group_id, partition, [record])
+                if self._loaded.get(partition) is not loaded:
+                    raise self._not_coordinator_error(group_id)
+            except LogbusError as e:
+                st.error, st.failed = e, wanted
+                st.attempted()
+                if e.code is ErrorCode.NOT_COORDINATOR or not e.retriable:
+                    log.warning("group %s: membership record not written: %s", group_id, e)
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, PERSIST_BACKOFF_S[1])
+                continue
+            st.written, st.error = wanted, None
+            backoff = PERSIST_BACKOFF_S[0]
+            st.attempted()
+        gone = group_id not in self.groups and self._persist.get(group_id) is st
+        if gone and st.written >= st.wanted:
+            del self._persist[group_id]  # the tombstone is written: nothing to track
+
+    async def _append(self, group_id: str, partition: int, records: list[Record]) -> None:
+        """Append to the group's offsets partition here, never forwarded: a coordinator that
+        lost the leadership must not write into the new leader's log."""
+        try:
+            await self.broker.append(
+                OFFSETS_TOPIC, partition, build_batch(records), Acks.ALL, internal=True, direct=True
+            )
+        except LogbusError as e:
+            if e.code is ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                raise self._not_coordinator_error(group_id) from e
+            raise
+
+    async def durable(self, group_id: str, *, member_id: str | None = None) -> None:
+        """Return once the group's membership, as it is now, is in its record (acks=all);
+        raise the write's error if it failed (retriable: the member asks again).
+
+        With ``member_id`` (heartbeats, polls, leaves) the wait is bounded by a third of that
+        member's session timeout and then simply ends: a slow write (an ISR waiting to shrink
+        around a dead follower) must not time out the sessions it is keeping. Such an answer
+        may be lost by a failover right after it; the member then hears its previous view
+        again (and a commit at the newer generation is refused once: it heartbeats and
+        retries). Joins wait fully (up to 30 s), so a member id is never handed out unwritten.
+        """
+        st = self._persist.get(group_id)
+        if st is None or st.written >= st.wanted:
+            return
+        target = st.wanted
+        loop = asyncio.get_running_loop()
+        bound = DURABLE_WAIT_S
+        if member_id is not None:
+            member = (
+                self.groups[group_id].members.get(member_id) if group_id in self.groups else None
+            )
+            bound = min(bound, member.session_timeout_ms / 3000) if member else 0.0
+        deadline = loop.time() + bound
+        while st.written < target:
+            if st.error is not None and st.failed >= target:
+                raise st.error
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                if member_id is not None:
+                    return
+                raise LogbusError(
+                    f"group {group_id!r}: the membership record was not written within "
+                    f"{DURABLE_WAIT_S:.0f} s",
+                    code=ErrorCode.REQUEST_TIMED_OUT,
+                )
+            done = st.done
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await done.wait()
 
     # -- polling ---------------------------------------------------------------------------------
 
@@ -474,7 +803,7 @@ class Coordinator:
         pos = member.positions.get(tp)
         if pos is not None:
             return pos
-        p = self.broker.reader(*tp)
+        p = self.broker.reader(*tp, direct=False)
         committed = self._offsets.get(group_id, {}).get(tp)
         if committed is not None and p.log_start_offset <= committed.offset <= p.high_watermark:
             pos = committed.offset
@@ -513,10 +842,11 @@ class Coordinator:
             remaining = deadline - loop.time()
             moved = (reconciled.assigned, reconciled.revoking) != (first.assigned, first.revoking)
             if fetched or remaining <= 0 or moved:
+                await self.durable(group_id, member_id=member_id)  # survives a failover
                 return reconciled, fetched
             waits: list[Any] = [event.wait()]
             for tp in reconciled.assigned:
-                p = self.broker.reader(*tp)
+                p = self.broker.reader(*tp, direct=False)
                 waits.append(p.wait_for(member.positions.get(tp, p.high_watermark), remaining))
             await first_of(waits, remaining)
 
@@ -532,7 +862,7 @@ class Coordinator:
         for tp in tps[cursor:] + tps[:cursor]:
             if budget <= 0:
                 break
-            p = await self.broker.known_reader(*tp)
+            p = await self.broker.known_reader(*tp, direct=False)
             pos = self.position(group_id, member, tp)
             if pos >= p.high_watermark:
                 continue
@@ -559,7 +889,7 @@ class Coordinator:
         offsets = []
         for tp in sorted(set(committed) | set(owners)):
             try:
-                hw: int | None = self.broker.reader(*tp).high_watermark
+                hw: int | None = self.broker.reader(*tp, direct=False).high_watermark
             except LogbusError:
                 hw = None  # the topic is gone
             if hw is not None and hw < 0:
@@ -598,6 +928,42 @@ class Coordinator:
             "offsets": offsets,
             "lag": sum(o["lag"] or 0 for o in offsets),
         }
+
+
+def _apply(
+    record: Record,
+    groups: dict[str, dict[str, Any] | None],
+    offsets: dict[str, dict[TopicPartition, CommittedOffset]],
+) -> None:
+    """Apply one record of an offsets partition being loaded (later records win)."""
+    try:
+        key = orjson.loads(record.key or b"")
+        kind, group = key[0], key[1]
+        if kind == "group":
+            groups[group] = None if record.value is None else orjson.loads(record.value)
+            return
+        assert kind == "offset"
+        _, group, topic, partition = key
+    except (ValueError, TypeError, AssertionError, IndexError):
+        log.warning("skipping an unreadable %s record at %d", OFFSETS_TOPIC, record.offset)
+        return
+    tp = (topic, partition)
+    if record.value is None:
+        stored = offsets.get(group)
+        if stored is not None:
+            stored.pop(tp, None)
+            if not stored:
+                del offsets[group]
+        return
+    v = orjson.loads(record.value)
+    offsets.setdefault(group, {})[tp] = CommittedOffset(
+        v["offset"], v.get("metadata", ""), v.get("commit_ms", record.timestamp)
+    )
+
+
+def _log_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("background %s write failed: %s", OFFSETS_TOPIC, task.exception())
 
 
 def _tps(tps: Iterable[TopicPartition]) -> list[dict[str, Any]]:

@@ -23,13 +23,20 @@ Theory of operation
   else, until the session timeout; a join with the same ``instance_id`` takes them back at once
   (and fences the old member id).
 * Time comes in as ``now_ms`` arguments; nothing here sleeps, reads a clock or does I/O.
+* **Persistence.** :meth:`Group.to_record` is everything a coordinator needs to resume the
+  group elsewhere (epochs, members, owned/revoking/target partitions, partition counts);
+  :meth:`Group.from_record` rebuilds it with every deadline restarted at ``now_ms`` (the new
+  coordinator never saw the members' last heartbeats). :attr:`Group.version` goes up whenever
+  the record would change, so a coordinator writes only real changes. Not in the record: fetch
+  positions (a restored member reads from its committed offsets: at least once).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from core_log.errors import ErrorCode, LogbusError
 
@@ -99,6 +106,7 @@ class Group:
         self._partition_counts: dict[str, int] = {}
         self.empty_since_ms: int | None = None
         self._fenced: dict[str, None] = {}  # insertion-ordered, bounded
+        self.version = 0  # bumped whenever to_record() would change (not persisted)
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -159,6 +167,7 @@ class Group:
         counts_changed = self._apply_counts(partition_counts)
         if old is None or old.topics != topics or counts_changed:
             self._rebalance()
+        self.version += 1
         return self.reconcile(member_id, now_ms, ack=False)
 
     def leave(self, member_id: str, now_ms: int, *, permanent: bool = False) -> None:
@@ -168,6 +177,7 @@ class Group:
         if member.instance_id is not None and not permanent:
             member.departed = True
             member.deadline_ms = now_ms + member.session_timeout_ms
+            self.version += 1
             return
         self._remove(member_id, now_ms)
 
@@ -183,6 +193,7 @@ class Group:
         for member_id in gone:
             self._remove(member_id, now_ms)
             self._fenced[member_id] = None
+            self.version += 1
             if len(self._fenced) > MAX_FENCED_REMEMBERED:
                 del self._fenced[next(iter(self._fenced))]
         return gone
@@ -202,6 +213,7 @@ class Group:
         if not self.members:
             self.empty_since_ms = now_ms
         self._rebalance()
+        self.version += 1
 
     def member(self, member_id: str) -> Member:
         member = self.members.get(member_id)
@@ -237,6 +249,7 @@ class Group:
         if not changed:
             return False
         self._partition_counts.update(changed)
+        self.version += 1
         for member in self.members.values():
             for tp in list(member.owned):
                 if tp[1] >= self._partition_counts.get(tp[0], 0):  # the topic shrank or is gone
@@ -257,6 +270,7 @@ class Group:
         return self.subscribed_topics() | owned
 
     def _rebalance(self) -> None:
+        self.version += 1
         self.epoch += 1
         self.target = assign(
             {m.member_id: m.topics for m in self.members.values()},
@@ -269,6 +283,7 @@ class Group:
         what it was told to revoke (a heartbeat). Also keeps its session alive."""
         member = self.member(member_id)
         member.deadline_ms = now_ms + member.session_timeout_ms
+        revoking_before = len(member.revoking)
         released: set[TopicPartition] = set()
         if ack and member.revoking:
             released = set(member.revoking)
@@ -289,6 +304,8 @@ class Group:
         member.owned |= added
         if member.owned != before or released:
             member.previous_epoch, member.epoch = member.epoch, self.epoch
+        if member.owned != before or released or len(member.revoking) != revoking_before:
+            self.version += 1
         return Reconciled(
             member_id=member_id,
             epoch=member.epoch,
@@ -351,6 +368,76 @@ class Group:
     def active(self) -> bool:
         return any(not m.departed for m in self.members.values())
 
+    # -- persistence -----------------------------------------------------------------------------
+
+    def to_record(self) -> dict[str, Any]:
+        """The group as a JSON-able document (see the module doc for what it leaves out)."""
+        return {
+            "v": 1,
+            "epoch": self.epoch,
+            "empty_since_ms": self.empty_since_ms,
+            "partition_counts": dict(sorted(self._partition_counts.items())),
+            "static": dict(sorted(self._static.items())),
+            "fenced": list(self._fenced),  # ≤ MAX_FENCED_REMEMBERED ids, oldest first
+            "members": [
+                {
+                    "member_id": m.member_id,
+                    "instance_id": m.instance_id,
+                    "client_id": m.client_id,
+                    "topics": sorted(m.topics),
+                    "session_timeout_ms": m.session_timeout_ms,
+                    "rebalance_timeout_ms": m.rebalance_timeout_ms,
+                    "auto_offset_reset": m.auto_offset_reset,
+                    "epoch": m.epoch,
+                    "previous_epoch": m.previous_epoch,
+                    "owned": _tp_list(m.owned),
+                    "revoking": _tp_list(m.revoking),
+                    "departed": m.departed,
+                    "target": _tp_list(self.target.get(m.member_id, ())),
+                }
+                for m in self.members.values()
+            ],
+        }
+
+    @classmethod
+    def from_record(cls, group_id: str, doc: Mapping[str, Any], now_ms: int) -> Group:
+        """Rebuild a group from :meth:`to_record`; every member's session (and revocation)
+        deadline starts again at ``now_ms``. Raises ValueError for a document it cannot read."""
+        try:
+            if doc.get("v") != 1:
+                raise ValueError(f"unknown group record version {doc.get('v')!r}")
+            group = cls(group_id)
+            group.epoch = int(doc["epoch"])
+            empty = doc.get("empty_since_ms")
+            group.empty_since_ms = None if empty is None else int(empty)
+            group._partition_counts = {str(t): int(n) for t, n in doc["partition_counts"].items()}
+            group._static = {str(i): str(m) for i, m in doc["static"].items()}
+            group._fenced = {str(m): None for m in doc.get("fenced", [])}
+            for d in doc["members"]:
+                revoking = _tp_set(d["revoking"])
+                rebalance_ms = int(d["rebalance_timeout_ms"])
+                member = Member(
+                    member_id=str(d["member_id"]),
+                    topics=frozenset(str(t) for t in d["topics"]),
+                    session_timeout_ms=int(d["session_timeout_ms"]),
+                    rebalance_timeout_ms=rebalance_ms,
+                    deadline_ms=now_ms + int(d["session_timeout_ms"]),
+                    instance_id=d["instance_id"],
+                    client_id=d["client_id"],
+                    auto_offset_reset=str(d["auto_offset_reset"]),
+                    epoch=int(d["epoch"]),
+                    previous_epoch=int(d["previous_epoch"]),
+                    owned=_tp_set(d["owned"]),
+                    revoking=revoking,
+                    revoke_deadline_ms=now_ms + rebalance_ms if revoking else None,
+                    departed=bool(d["departed"]),
+                )
+                group.members[member.member_id] = member
+                group.target[member.member_id] = _tp_set(d["target"])
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"unreadable group record: {e!r}") from None
+        return group
+
     def check_invariants(self) -> None:
         """For tests: no partition owned twice; revoking ⊆ owned; every owned partition
         exists."""
@@ -361,6 +448,14 @@ class Group:
                 assert tp not in seen, f"{tp} owned by {seen[tp]} and {m.member_id}"
                 assert tp[1] < self._partition_counts.get(tp[0], 0), f"{tp} does not exist"
                 seen[tp] = m.member_id
+
+
+def _tp_list(tps: Iterable[TopicPartition]) -> list[list[Any]]:
+    return [[t, p] for t, p in sorted(tps)]
+
+
+def _tp_set(raw: Iterable[Any]) -> set[TopicPartition]:
+    return {(str(t), int(p)) for t, p in raw}
 
 
 def _check_session(session_timeout_ms: int, rebalance_timeout_ms: int) -> None:

@@ -149,6 +149,8 @@ class ReplicaManager:
         self.metadata_applied = asyncio.Event()  # set after every apply (tests wait on it)
         self.on_topics: list[Callable[[list[TopicMeta]], None]] = []  # before roles change
         self.on_topics_changed: list[Callable[[], None]] = []
+        # Told after leadership may have moved (an apply, a step-down): look at `leading`.
+        self.on_roles_changed: list[Callable[[], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -233,6 +235,11 @@ class ReplicaManager:
             self.metadata_applied = asyncio.Event()
         for changed in self.on_topics_changed:
             changed()
+        self._roles_changed()
+
+    def _roles_changed(self) -> None:
+        for listener in self.on_roles_changed:
+            listener()
 
     async def _local(self, tp: TopicPartition) -> Partition:
         try:
@@ -571,6 +578,7 @@ class ReplicaManager:
             leading.active = False
             leading.notify()
         self.leading.clear()
+        self._roles_changed()
 
     async def _metadata_watch(self) -> None:
         while True:

@@ -72,6 +72,7 @@ async def join(group: str, body: MemberJoin, coordinator: CoordinatorDep) -> Mem
         client_id=body.client_id,
         auto_offset_reset=body.auto_offset_reset,
     )
+    await coordinator.durable(group)  # a failover after this answer keeps the member
     return _assignment(coordinator, group, r.member_id, r)
 
 
@@ -82,6 +83,7 @@ async def join(group: str, body: MemberJoin, coordinator: CoordinatorDep) -> Mem
 )
 async def heartbeat(group: str, member: str, coordinator: CoordinatorDep) -> MemberAssignment:
     r = coordinator.heartbeat(group, member, ack=True)
+    await coordinator.durable(group, member_id=member)
     return _assignment(coordinator, group, member, r)
 
 
@@ -98,6 +100,7 @@ async def leave(
     permanent: Annotated[bool, Query(description="static members: leave for good")] = False,
 ) -> Response:
     coordinator.leave(group, member, permanent=permanent)
+    await coordinator.durable(group, member_id=member)
     return Response(status_code=204)
 
 

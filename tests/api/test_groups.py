@@ -830,17 +830,17 @@ def test_offsets_survive_restart_and_crash(tmp_path: Path) -> None:
             listed = {g["group"] for g in c.get("/v1/groups").json()["groups"]}
             assert group in listed and gone not in listed
             d = describe(c, group)
-            assert d["state"] == "empty" and d["lag"] == (10 - 4) + (10 - 7)
-            # Members live in memory only: the old one must join again.
-            r = c.post(f"/v1/groups/{group}/members/{me['member_id']}/heartbeat")
-            assert_problem(r, 404, "UNKNOWN_MEMBER_ID")
-            again = join(c, group, [topic], auto_offset_reset="earliest")
-            doc = poll(c, group, again["member_id"], max_records=100)
+            assert d["state"] == "stable" and d["lag"] == (10 - 4) + (10 - 7)
+            # Membership is persisted with the offsets: the member keeps its id, generation
+            # and assignment, and reads on from its committed offsets (positions are not kept).
+            hb = heartbeat(c, group, me["member_id"])
+            assert owned(hb) == owned(me) and hb["generation"] == doc["generation"]
+            doc = poll(c, group, me["member_id"], max_records=100)
             starts: dict[int, int] = {}
             for x in doc["records"]:
                 starts.setdefault(x["partition"], x["offset"])
             assert starts == {0: 4, 1: 7}
-            r = commit(c, group, again["member_id"], doc["generation"], {(topic, 0): 9})
+            r = commit(c, group, me["member_id"], doc["generation"], {(topic, 0): 9})
             assert r.status_code == 200, r.text
             before = c.get(f"/v1/groups/{group}/offsets").json()
 

@@ -329,6 +329,16 @@ def test_group_calls_through_any_broker_reach_the_coordinator(
     group = "fwd-group"
     # Every call goes to a different broker; each is answered by the coordinator.
     bases = list(urls.values())
+    # The offsets topic is created at the first group call (503 COORDINATOR_NOT_AVAILABLE,
+    # retriable, until it is and its partitions are loaded), then every broker must learn its
+    # leaders: retry like a Kafka client until each broker answers a group call.
+    for base in bases:
+        eventually(
+            lambda base=base: (lambda r: r if r.status_code in (200, 404) else None)(
+                httpx.get(f"{base}/v1/groups/{group}/offsets", timeout=30)
+            ),
+            f"{base} reaching the coordinator",
+        )
     joined = httpx.post(
         f"{bases[0]}/v1/groups/{group}/members",
         json={"topics": [TOPIC], "auto_offset_reset": "earliest"},
