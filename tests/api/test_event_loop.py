@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from api.loop_lag import INTERVAL_S, WINDOW_S, LagRecorder, LoopLagProbe
 from api.routes.cluster import cluster
+from cluster.broker import Broker
 from cluster.metadata import BrokerMeta
 
 
@@ -59,9 +60,15 @@ def test_cluster_route_runs_its_sql_off_the_loop(monkeypatch: pytest.MonkeyPatch
         threads.append(threading.get_ident())
         return [BrokerMeta(1, "127.0.0.1", 8080, None)]
 
+    def nothing() -> list[Any]:
+        threads.append(threading.get_ident())
+        return []
+
     fake: Any = SimpleNamespace(
-        store=SimpleNamespace(brokers=brokers), config=SimpleNamespace(broker_id=1)
+        store=SimpleNamespace(brokers=brokers, controller=lambda: None, topics=nothing),
+        config=SimpleNamespace(broker_id=1, clustered=False),
     )
+    fake.cluster_view = lambda: Broker.cluster_view(fake)  # the real method, a fake store
     answer = asyncio.run(cluster(SimpleNamespace(broker=fake)))
     assert answer.controller == 1 and [b.port for b in answer.brokers] == [8080]
     assert threads and threads[0] != threading.get_ident()

@@ -32,12 +32,15 @@ def metadata_disk_full(state: AppState) -> Iterator[None]:
         if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
             raise sqlite3.OperationalError("database or disk is full")
 
-    engine = state.broker.store.engine
-    sa.event.listen(engine, "before_cursor_execute", full)
+    store = state.broker.store
+    engines = {store.engine, store.writer}  # on SQLite, writes have their own engine
+    for engine in engines:
+        sa.event.listen(engine, "before_cursor_execute", full)
     try:
         yield
     finally:
-        sa.event.remove(engine, "before_cursor_execute", full)
+        for engine in engines:
+            sa.event.remove(engine, "before_cursor_execute", full)
 
 
 def assert_storage_error(r: httpx.Response) -> None:
