@@ -118,6 +118,9 @@ class Proxy:
             await _problem(send, _unreachable(target, str(e) or type(e).__name__), 503)
             return
         try:
+            if target.role == "controller" and response.is_success:
+                # The change is in the store: know it here before the client's next call.
+                await self.broker.refresh_metadata()
             out = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP]
             out.append((b"logbus-forwarded-to", str(target.broker_id).encode()))
             await send(

@@ -155,7 +155,18 @@ class PartitionService:
     async def answer(
         self, path: str, header: dict[str, Any], payload: memoryview
     ) -> tuple[dict[str, Any], bytes]:
-        """The answer to one request (also called in-process when the leader is here)."""
+        """The answer to one request (also called in-process when the leader is here). A
+        request naming this broker leader before it read the row (a topic just created, an
+        election just made) is answered once the store has been read again."""
+        try:
+            return await self._answer(path, header, payload)
+        except NotLeaderError:
+            await self.replicas.refresh()
+            return await self._answer(path, header, payload)
+
+    async def _answer(
+        self, path: str, header: dict[str, Any], payload: memoryview
+    ) -> tuple[dict[str, Any], bytes]:
         topic, partition = str(header["topic"]), int(header["partition"])
         if path == PRODUCE_PATH:
             return await self._produce(topic, partition, header, payload), b""
