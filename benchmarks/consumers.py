@@ -67,6 +67,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -290,8 +291,11 @@ class RawHttp:
     """A minimal HTTP/1.1 keep-alive client for small requests: httpx costs ≈ 1-2 ms of client
     CPU per request here, too much to hold 1,000 requests/s next to the consumer."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, headers: Mapping[str, str] | None = None) -> None:
+        """``headers``: sent with every request (a ``Content-Type`` replaces the JSON one)."""
         self.port = port
+        extra = {"Content-Type": "application/json", **(headers or {})}
+        self._headers = "".join(f"{k}: {v}\r\n" for k, v in extra.items())
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -301,7 +305,7 @@ class RawHttp:
         assert self.reader is not None
         self.writer.write(
             f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            f"{self._headers}Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
         head = await self.reader.readuntil(b"\r\n\r\n")

@@ -1,0 +1,884 @@
+"""``make bench-cluster``: the cost of replication, follower lag, leader failover time.
+
+    .venv/bin/python -m benchmarks.cluster [--quick] [--json PATH] [--plot PATH]
+
+Every broker is a ``logbus serve`` child process (:class:`api.process.BrokerProcess`) on
+loopback; a cluster is 3 of them sharing one SQLite metadata store (``--metadata-url
+sqlite:///…``), so on this machine 3 brokers, the load generator and the sampler share 2
+cores. One run measures (issue 11, "Performance"):
+
+1. **Produce throughput, RF=3 acks=all as a ratio to RF=1 on one broker.** The load and its
+   shapes are those of ``logbus bench`` (:mod:`benchmarks.http`): ``wrk`` (C, one thread)
+   posting the same prebuilt body again and again; binary: one uncompressed ~1 MiB batch of
+   100-byte records per request (``binary_batch``: ``core_log``'s batch builder), 4
+   connections; JSON: 1,000 records of 100-byte values per request (``json_body``), 8
+   connections. Every request says ``acks=all`` and goes to ``/v1/topics/{t}/partitions/0/
+   records`` of a 1-partition topic. The baseline is a standalone broker (no metadata URL,
+   default settings: today's single broker), RF=1. The replicated case is a 3-broker cluster
+   (default lease/replication settings), topic RF=3 with ``min.insync.replicas=2``; its
+   leader is found as a client would (``GET /v1/topics/{t}/partitions`` ``leader`` and ``GET
+   /v1/cluster`` broker ``url``) and written to directly with ``Logbus-Route: direct`` (a
+   non-leader would answer 421). The standalone broker and the cluster run side by side and
+   the cases alternate within each round (baseline, RF=3, …), so load from other work on the
+   machine hits both; the ratio is the median over ``--rounds`` of each round's RF=3 / RF=1.
+   Extra lines, same round: the same RF=3 writes sent to a broker that does not lead (it
+   forwards them to the leader over the brokers' h2c link), and RF=1 on a cluster broker
+   (what cluster mode costs without replication). Each measurement writes into a fresh topic
+   that is deleted afterwards, so disk use stays bounded.
+2. **Replication lag under steady load.** A producer (a minimal asyncio HTTP/1.1 client,
+   :class:`benchmarks.consumers.RawHttp`) sends 1,000-record binary batches on a fixed
+   schedule (``--lag-rate`` records/s; by default half the RF=3 binary rate just measured)
+   with ``acks=1`` to the leader of a fresh RF=3 topic, so the producer is not paced by the
+   followers. Every ``--sample-ms`` (50) each follower is asked ``GET /v1/topics/{t}/
+   partitions``: its answer carries the leader's log end offset (asked of the leader over
+   h2c first) and then its own replica's (``local_replica``), so one answer holds an ordered
+   pair. *Lag in records* of a sample = max(0, leader LEO - follower LEO): a lower bound by
+   what the leader appends during that h2c round trip (≈ 1 ms). *Lag in ms* of a sample taken
+   at t = the time until that follower's LEO reached the leader's LEO of the sample, found in
+   the follower's later samples and interpolated linearly between the two samples around the
+   crossing (0 when the follower already had it); its resolution is the sampling interval.
+   p50/p99 over both followers' samples; samples whose target was not reached before the
+   load stopped are counted and left out.
+3. **Failover time over ``--kills`` (20) SIGKILLs of the leader**, on a cluster with the test
+   timings (``FAILOVER_ENV``: heartbeat 200 ms, session timeout 2,000 ms, metadata refresh
+   50 ms, replica fetch wait 200 ms, replica lag max 3,000 ms). Before each kill the topic
+   (RF=3, min ISR 2) has all 3 replicas in its ISR and the leader has accepted an acks=all
+   write. The time runs from just before ``SIGKILL`` to the answer of the first acks=all
+   write the new leader accepts; meanwhile the client does what a routing client does: polls
+   a surviving broker's partition listing every 10 ms and, once it names a new leader, posts
+   an acks=all write to it directly (``Logbus-Route: direct``, retrying on 421/503/
+   ``NOT_ENOUGH_REPLICAS``). The killed broker is then restarted. p50/p99/max against
+   ``broker.session.timeout.ms`` + 1 s. ``--default-kills N`` repeats it on a cluster with
+   the default timings (session 9 s).
+4. **HTTP/2 replication fetch on one connection vs HTTP/1.1**: measured by
+   :mod:`benchmarks.h2_fetch` when it exists (run as a child with ``--json``), else reported as
+   missing.
+
+Output: a table on stdout, ``--json`` (default ``docs/bench-cluster.json``), ``--plot``
+(default ``docs/bench-cluster.png``; needs matplotlib, the ``bench`` extra). ``--quick`` is a
+smoke run (≈ 40 s); a machine without ``wrk`` falls back to an asyncio load generator
+(``--driver python``), whose figures are not comparable with ``wrk``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import orjson
+
+from api.process import BrokerProcess
+from benchmarks.consumers import Figure, RawHttp, describe_source
+from benchmarks.http import WrkResult, binary_batch, json_body, run_wrk
+from benchmarks.storage import batch_records, build_fitting_batch
+
+T = TypeVar("T")
+MIB = 1024 * 1024
+BATCH_CT = "application/vnd.logbus.batch"
+DIRECT = {"Logbus-Route": "direct"}
+# The test timings of tests/cluster (defaults: heartbeat 2 s, session 9 s, refresh 200 ms).
+FAILOVER_ENV = {
+    "LOGBUS_BROKER_HEARTBEAT_INTERVAL_MS": "200",
+    "LOGBUS_BROKER_SESSION_TIMEOUT_MS": "2000",
+    "LOGBUS_REPLICA_LAG_TIME_MAX_MS": "3000",
+    "LOGBUS_METADATA_REFRESH_INTERVAL_MS": "50",
+    "LOGBUS_REPLICA_FETCH_WAIT_MAX_MS": "200",
+}
+DEFAULT_SESSION_TIMEOUT_MS = 9_000
+WAIT_S = 60.0  # bound on a state a healthy cluster reaches in seconds (a hang, not a figure)
+FAILOVER_GIVE_UP_S = 60.0
+PLOT_TITLE = "bench-cluster: 3 brokers on loopback, 2 cores"
+
+
+def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = WAIT_S) -> T:
+    """Poll ``probe`` until it returns a value: the state lives in other processes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(httpx.TransportError):
+            value = probe()
+            if value is not None:
+                return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(-(-len(s) * q // 100)) - 1))]
+
+
+# -- brokers -----------------------------------------------------------------------------------
+
+
+class Cluster:
+    """``n`` broker processes sharing a SQLite metadata store under ``root``."""
+
+    def __init__(self, root: Path, n: int = 3, env: dict[str, str] | None = None) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.metadata_url = f"sqlite:///{root / 'shared.db'}"
+        self.brokers = {
+            i: BrokerProcess(
+                root / f"broker-{i}",
+                None,
+                "--broker-id",
+                str(i),
+                "--metadata-url",
+                self.metadata_url,
+                env=env or {},
+            )
+            for i in range(1, n + 1)
+        }
+        self.urls: dict[int, str] = {}
+
+    def start(self) -> Cluster:
+        for b in self.brokers.values():
+            b.start()
+        self.urls = eventually(self._registered, "every broker registered")
+        return self
+
+    def _registered(self) -> dict[int, str] | None:
+        doc = httpx.get(f"{self.any_url()}/v1/cluster", timeout=5).json()
+        alive = {b["broker_id"]: b["url"] for b in doc["brokers"] if b["alive"]}
+        return alive if len(alive) == len(self.brokers) and doc["controller"] != -1 else None
+
+    def any_url(self, exclude: Sequence[int] = ()) -> str:
+        return next(
+            b.url for i, b in self.brokers.items() if b.proc is not None and i not in exclude
+        )
+
+    def partition(self, topic: str, via: str | None = None) -> dict[str, Any]:
+        r = httpx.get(f"{via or self.any_url()}/v1/topics/{topic}/partitions", timeout=5)
+        r.raise_for_status()
+        part: dict[str, Any] = r.json()[0]
+        return part
+
+    def create_topic(self, name: str, rf: int, min_isr: int = 1) -> dict[str, Any]:
+        """Create a 1-partition topic; wait until its ISR is full and every broker knows its
+        leader (a direct write must not meet a broker with stale metadata)."""
+        r = httpx.post(
+            f"{self.any_url()}/v1/topics",
+            json={
+                "name": name,
+                "partitions": 1,
+                "replication_factor": rf,
+                "configs": {"min.insync.replicas": str(min_isr)},
+            },
+            timeout=30,
+        )
+        r.raise_for_status()
+        return self.wait_healthy(name, rf)
+
+    def wait_healthy(self, topic: str, rf: int) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            views = [self.partition(topic, b.url) for b in self.brokers.values() if b.proc]
+            first = views[0]
+            ok = first["leader"] != -1 and len(first["isr"]) == rf
+            same = all(v["leader"] == first["leader"] for v in views)
+            return first if ok and same else None
+
+        return eventually(probe, f"{topic}: a leader and a full ISR on every broker")
+
+    def leader_url(self, topic: str) -> tuple[int, str]:
+        leader = int(self.partition(topic)["leader"])
+        return leader, self.urls[leader]
+
+    def delete_topic(self, name: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.delete(f"{self.any_url()}/v1/topics/{name}", timeout=30)
+
+    def stop(self) -> None:
+        for b in self.brokers.values():
+            b.kill()
+
+
+@contextlib.contextmanager
+def running(*things: Cluster | BrokerProcess) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for t in things:
+            t.stop() if isinstance(t, Cluster) else t.kill()
+
+
+# -- 1. throughput -----------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """One produce shape: the same body posted again and again."""
+
+    kind: str  # "binary" | "json"
+    body: bytes
+    records: int  # per request
+    connections: int
+    content_type: str
+
+
+def loads() -> dict[str, Load]:
+    batch, n = binary_batch()
+    return {
+        "binary": Load("binary", batch, n, 4, BATCH_CT),
+        "json": Load("json", json_body(1000), 1000, 8, "application/json"),
+    }
+
+
+async def _python_load(
+    url: str, path: str, load: Load, seconds: float, headers: dict[str, str]
+) -> WrkResult:
+    """The fallback load generator: ``load.connections`` keep-alive connections posting."""
+    port = int(url.rsplit(":", 1)[1])
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + seconds
+
+    async def one() -> None:
+        nonlocal errors
+        client = RawHttp(port, {"Content-Type": load.content_type, **headers})
+        try:
+            while time.perf_counter() < deadline:
+                t = time.perf_counter()
+                status = await client.post(path, load.body)
+                latencies.append((time.perf_counter() - t) * 1000)
+                errors += status != 200
+        finally:
+            client.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(load.connections)))
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{errors} failed produce requests to {url}{path}")
+    return WrkResult(
+        len(latencies) / elapsed, percentile(latencies, 50), percentile(latencies, 99), 0
+    )
+
+
+def produce(
+    url: str,
+    topic: str,
+    load: Load,
+    seconds: float,
+    workdir: Path,
+    driver: str,
+    direct: bool,
+) -> tuple[float, WrkResult]:
+    """acks=all produce for ``seconds``; (records/s, raw result)."""
+    path = f"/v1/topics/{topic}/partitions/0/records?acks=all"
+    headers = DIRECT if direct else {}
+    if driver == "wrk":
+        r = run_wrk(
+            url + path,
+            workdir,
+            seconds=seconds,
+            connections=load.connections,
+            method="POST",
+            body=load.body,
+            content_type=load.content_type,
+            direct=direct,
+        )
+    else:
+        r = asyncio.run(_python_load(url, path, load, seconds, headers))
+    return r.requests_per_s * load.records, r
+
+
+def create_standalone_topic(url: str, name: str) -> None:
+    httpx.post(f"{url}/v1/topics", json={"name": name, "partitions": 1}).raise_for_status()
+
+
+def part_throughput(
+    single: BrokerProcess,
+    cluster: Cluster,
+    args: argparse.Namespace,
+    workdir: Path,
+    extra: dict[str, Any],
+) -> list[Figure]:
+    rounds: dict[str, list[dict[str, float]]] = {"binary": [], "json": []}
+    p99: dict[str, list[float]] = {}
+    for rnd in range(args.rounds):
+        for kind, load in loads().items():
+            row: dict[str, float] = {}
+            cases: list[tuple[str, Callable[[str], tuple[str, bool]], int]] = []
+
+            def standalone(t: str) -> tuple[str, bool]:
+                create_standalone_topic(single.url, t)
+                return single.url, False
+
+            def rf3_direct(t: str) -> tuple[str, bool]:
+                cluster.create_topic(t, 3, 2)
+                return cluster.leader_url(t)[1], True
+
+            def rf3_forwarded(t: str) -> tuple[str, bool]:
+                cluster.create_topic(t, 3, 2)
+                leader = cluster.leader_url(t)[0]
+                return cluster.urls[min(i for i in cluster.urls if i != leader)], False
+
+            def rf1_cluster(t: str) -> tuple[str, bool]:
+                cluster.create_topic(t, 1, 1)
+                return cluster.leader_url(t)[1], True
+
+            cases = [
+                ("rf1_standalone", standalone, 1),
+                ("rf3_direct", rf3_direct, 3),
+                ("rf3_forwarded", rf3_forwarded, 3),
+                ("rf1_cluster", rf1_cluster, 1),
+            ]
+            for case, setup, _rf in cases:
+                topic = f"bench-{kind}-{case.replace('_', '-')}-{rnd}"
+                url, direct = setup(topic)
+                rate, res = produce(url, topic, load, args.seconds, workdir, args.driver, direct)
+                row[case] = rate
+                p99.setdefault(f"{kind}/{case}", []).append(res.latency_p99_ms)
+                print(
+                    f"  round {rnd + 1} {kind:6} {case:15} {rate:>12,.0f} records/s "
+                    f"({res.requests_per_s * len(load.body) / 1e6:,.1f} MB/s, "
+                    f"p99 {res.latency_p99_ms:.0f} ms)",
+                    flush=True,
+                )
+                if case == "rf1_standalone":
+                    with contextlib.suppress(httpx.HTTPError):
+                        httpx.delete(f"{single.url}/v1/topics/{topic}", timeout=30)
+                else:
+                    cluster.delete_topic(topic)
+            rounds[kind].append(row)
+    extra["throughput_rounds"] = rounds
+    extra["throughput_p99_ms"] = {k: statistics.median(v) for k, v in p99.items()}
+
+    figures: list[Figure] = []
+    for kind, rows in rounds.items():
+        load = loads()[kind]
+        per_req = f"{'~1 MiB batches' if kind == 'binary' else '1,000 records/request'}"
+
+        def med(case: str, rows: list[dict[str, float]] = rows) -> float:
+            return statistics.median(r[case] for r in rows)
+
+        def ratio(case: str, rows: list[dict[str, float]] = rows) -> float:
+            return statistics.median(r[case] / r["rf1_standalone"] for r in rows)
+
+        base, rf3 = med("rf1_standalone"), med("rf3_direct")
+        figures += [
+            Figure(
+                f"{kind} produce RF=3 acks=all / RF=1 one broker",
+                ratio("rf3_direct"),
+                "ratio",
+                0.33,
+                note=f"RF=3 {rf3:,.0f} vs RF=1 {base:,.0f} records/s "
+                f"({per_req}, {load.connections} connections)",
+            ),
+            Figure(
+                f"{kind} produce RF=3 through a non-leader (forwarded) / RF=1",
+                ratio("rf3_forwarded"),
+                "ratio",
+                note=f"{med('rf3_forwarded'):,.0f} records/s",
+            ),
+            Figure(
+                f"{kind} produce RF=1 on a cluster broker / RF=1 standalone",
+                ratio("rf1_cluster"),
+                "ratio",
+                note=f"{med('rf1_cluster'):,.0f} records/s",
+            ),
+        ]
+    return figures
+
+
+# -- 2. replication lag ------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    t: float  # monotonic seconds, midpoint of the request
+    leader_leo: int
+    follower_leo: int
+
+
+def lag_ms(samples: list[Sample]) -> tuple[list[float], int]:
+    """Per sample, ms until this follower's LEO reached the sample's leader LEO (interpolated
+    between the two samples around the crossing); (lags, samples never caught up in the run)."""
+    out: list[float] = []
+    unresolved = 0
+    j = 0
+    for i, s in enumerate(samples):
+        if s.follower_leo >= s.leader_leo:
+            out.append(0.0)
+            continue
+        j = max(j, i + 1)
+        while j < len(samples) and samples[j].follower_leo < s.leader_leo:
+            j += 1
+        if j == len(samples):
+            unresolved += 1
+            continue
+        a, b = samples[j - 1], samples[j]
+        frac = (s.leader_leo - a.follower_leo) / max(1, b.follower_leo - a.follower_leo)
+        t_cross = a.t + max(0.0, min(1.0, frac)) * (b.t - a.t)
+        out.append(max(0.0, t_cross - s.t) * 1000)
+    return out, unresolved
+
+
+async def _steady_lag(
+    leader_url: str,
+    follower_urls: list[str],
+    topic: str,
+    rate: float,
+    seconds: float,
+    sample_s: float,
+) -> tuple[dict[str, list[Sample]], int]:
+    batch = build_fitting_batch(1000)
+    per_request = batch_records(batch)
+    interval = per_request / rate
+    path = f"/v1/topics/{topic}/partitions/0/records?acks=1"
+    stop = asyncio.Event()
+    samples: dict[str, list[Sample]] = {u: [] for u in follower_urls}
+    sent = 0
+
+    async def producer() -> None:
+        nonlocal sent
+        client = RawHttp(int(leader_url.rsplit(":", 1)[1]), {"Content-Type": BATCH_CT, **DIRECT})
+        t0 = time.perf_counter()
+        n = 0
+        try:
+            while time.perf_counter() - t0 < seconds:
+                delay = t0 + n * interval - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                status = await client.post(path, batch)
+                if status != 200:
+                    raise RuntimeError(f"steady producer got {status}")
+                n += 1
+                sent += per_request
+        finally:
+            client.close()
+            stop.set()
+
+    async def sampler(url: str) -> None:
+        client = RawHttp(int(url.rsplit(":", 1)[1]))
+        try:
+            # A little past the producer's end, so late samples can resolve.
+            while not stop.is_set() or len(samples[url]) < 3:
+                t = time.perf_counter()
+                status, body = await client.request("GET", f"/v1/topics/{topic}/partitions")
+                mid = (t + time.perf_counter()) / 2
+                if status == 200:
+                    p = orjson.loads(body)[0]
+                    local = p.get("local_replica") or {}
+                    if p["log_end_offset"] >= 0 and "log_end_offset" in local:
+                        samples[url].append(
+                            Sample(mid, p["log_end_offset"], local["log_end_offset"])
+                        )
+                await asyncio.sleep(max(0.0, t + sample_s - time.perf_counter()))
+            for _ in range(int(1.0 / sample_s)):  # 1 s of tail: late samples resolve
+                t = time.perf_counter()
+                status, body = await client.request("GET", f"/v1/topics/{topic}/partitions")
+                p = orjson.loads(body)[0]
+                local = p.get("local_replica") or {}
+                mid = (t + time.perf_counter()) / 2
+                if status == 200 and "log_end_offset" in local:
+                    samples[url].append(Sample(mid, p["log_end_offset"], local["log_end_offset"]))
+                await asyncio.sleep(sample_s)
+        finally:
+            client.close()
+
+    await asyncio.gather(producer(), *(sampler(u) for u in follower_urls))
+    return samples, sent
+
+
+def part_lag(
+    cluster: Cluster, args: argparse.Namespace, rate: float, extra: dict[str, Any]
+) -> list[Figure]:
+    topic = "bench-lag"
+    part = cluster.create_topic(topic, 3, 2)
+    leader = int(part["leader"])
+    followers = [cluster.urls[i] for i in part["replicas"] if i != leader]
+    samples, sent = asyncio.run(
+        _steady_lag(
+            cluster.urls[leader], followers, topic, rate, args.lag_seconds, args.sample_ms / 1000
+        )
+    )
+    records: list[float] = []
+    ms: list[float] = []
+    unresolved = 0
+    for per in samples.values():
+        records += [max(0, s.leader_leo - s.follower_leo) for s in per]
+        lags, u = lag_ms(per)
+        ms += lags
+        unresolved += u
+    cluster.delete_topic(topic)
+    achieved = sent / args.lag_seconds
+    extra["lag"] = {
+        "rate_target_records_s": rate,
+        "rate_achieved_records_s": achieved,
+        "samples": len(records),
+        "unresolved_samples": unresolved,
+        "records": {"p50": percentile(records, 50), "p99": percentile(records, 99)},
+        "ms": {"p50": percentile(ms, 50), "p99": percentile(ms, 99), "max": max(ms)},
+    }
+    note = (
+        f"{achieved:,.0f} records/s acks=1 for {args.lag_seconds:g} s, "
+        f"{len(records)} samples of 2 followers every {args.sample_ms:g} ms"
+    )
+    return [
+        Figure("replication lag p50", percentile(records, 50), "records", note=note),
+        Figure("replication lag p99", percentile(records, 99), "records"),
+        Figure("replication lag p50 (time to catch up)", percentile(ms, 50), "ms"),
+        Figure(
+            "replication lag p99 (time to catch up)",
+            percentile(ms, 99),
+            "ms",
+            note=f"max {max(ms):.0f} ms; {unresolved} samples unresolved at the end",
+        ),
+    ]
+
+
+# -- 3. failover -------------------------------------------------------------------------------
+
+
+def _write(client: httpx.Client, url: str, topic: str, timeout_s: float) -> int:
+    r = client.post(
+        f"{url}/v1/topics/{topic}/partitions/0/records",
+        params={"acks": "all"},
+        json={"records": [{"value": "failover-probe"}]},
+        headers=DIRECT,
+        timeout=timeout_s,
+    )
+    return r.status_code
+
+
+def failover_once(cluster: Cluster, topic: str, client: httpx.Client) -> tuple[float, int]:
+    """Kill the leader; ms until a new leader accepted an acks=all write, and its epoch."""
+    part = cluster.wait_healthy(topic, len(cluster.brokers))
+    old, old_epoch = int(part["leader"]), int(part["leader_epoch"])
+    eventually(
+        lambda: _write(client, cluster.urls[old], topic, 10) == 200 or None, "a pre-kill write"
+    )
+    survivors = [i for i in cluster.brokers if i != old]
+    t0 = time.monotonic()
+    cluster.brokers[old].kill()
+    n = 0
+    while time.monotonic() - t0 < FAILOVER_GIVE_UP_S:
+        via = cluster.urls[survivors[n % len(survivors)]]
+        n += 1
+        try:
+            p = client.get(f"{via}/v1/topics/{topic}/partitions", timeout=1).json()[0]
+            new = int(p["leader"])
+            if new not in (-1, old) and _write(client, cluster.urls[new], topic, 5) == 200:
+                elapsed = (time.monotonic() - t0) * 1000
+                cluster.brokers[old].start()
+                return elapsed, int(p["leader_epoch"]) - old_epoch
+        except (httpx.TransportError, ValueError, KeyError):
+            pass
+        time.sleep(0.01)
+    cluster.brokers[old].start()
+    raise TimeoutError(f"no new leader accepted a write within {FAILOVER_GIVE_UP_S:.0f} s")
+
+
+def part_failover(
+    root: Path,
+    kills: int,
+    env: dict[str, str],
+    session_ms: float,
+    label: str,
+    extra: dict[str, Any],
+) -> list[Figure]:
+    cluster = Cluster(root, 3, env)
+    times: list[float] = []
+    with running(cluster), httpx.Client() as client:
+        cluster.start()
+        cluster.create_topic("bench-failover", 3, 2)
+        for k in range(kills):
+            ms, _epochs = failover_once(cluster, "bench-failover", client)
+            times.append(ms)
+            print(f"  kill {k + 1}/{kills} ({label}): {ms:,.0f} ms", flush=True)
+    extra[f"failover_ms_{label}"] = times
+    bound = session_ms + 1000
+    return [
+        Figure(f"failover p50, {label}", percentile(times, 50), "ms", note=f"{kills} SIGKILLs"),
+        Figure(
+            f"failover p99, {label}",
+            percentile(times, 99),
+            "ms",
+            bound,
+            lower_is_better=True,
+            note=f"target: session timeout {session_ms:,.0f} ms + 1 s",
+        ),
+        Figure(f"failover max, {label}", max(times), "ms"),
+    ]
+
+
+# -- 4. HTTP/2 fetch ---------------------------------------------------------------------------
+
+
+def part_h2(args: argparse.Namespace, workdir: Path, extra: dict[str, Any]) -> list[Figure]:
+    """HOOK: benchmarks/h2_fetch.py (branch h/h2zc) measures h2c vs HTTP/1.1 reads of the same
+    bytes; run it when present and take its ratios."""
+    if importlib.util.find_spec("benchmarks.h2_fetch") is None:
+        print("  benchmarks/h2_fetch.py is not here: HTTP/2 fetch ratio not measured", flush=True)
+        extra["h2_fetch"] = "missing: benchmarks/h2_fetch.py not in this tree"
+        return []
+    out = workdir / "h2.json"
+    cmd = [sys.executable, "-m", "benchmarks.h2_fetch", "--no-httpx", "--json", str(out)]
+    cmd += ["--rounds", "1", "--seconds", "0.5"] if args.quick else ["--rounds", "3"]
+    subprocess.run(cmd, check=True, timeout=600)
+    report = json.loads(out.read_text())
+    extra["h2_fetch"] = report
+    return [
+        Figure(
+            f"h2c fetch / HTTP/1.1 read, {size} bodies, one connection",
+            entry["ratio_h2c_to_http1_raw"],
+            "ratio",
+            note=f"h2c {entry['mb_per_s']['h2c']:,.0f} MB/s, "
+            f"HTTP/1.1 {entry['mb_per_s']['http1_raw']:,.0f} MB/s",
+        )
+        for size, entry in report["results"].items()
+    ]
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def print_table(figures: list[Figure]) -> None:
+    print(f"\n{'measure':<62} {'value':>10} {'unit':<8} {'target':>9} {'met':>4}  note")
+    for f in figures:
+        met = {True: "yes", False: "NO", None: ""}[f.met]
+        target = ""
+        if f.target is not None:
+            target = (
+                "≤ " if f.lower_is_better else "≥ "
+            ) + f"{f.target:,.{0 if f.target >= 10 else 2}f}"
+        value = f"{f.value:,.2f}" if f.unit == "ratio" else f"{f.value:,.0f}"
+        print(f"{f.name:<62} {value:>10} {f.unit:<8} {target:>9} {met:>4}  {f.note}")
+
+
+def plot(out: dict[str, Any], path: Path) -> None:
+    """Three panels: throughput per case relative to RF=1, the lag distribution, every failover."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    extra = out["extra"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    ax = axes[0]
+    cases = ["rf1_standalone", "rf1_cluster", "rf3_direct", "rf3_forwarded"]
+    labels = [
+        "RF=1\nstandalone",
+        "RF=1\ncluster",
+        "RF=3 acks=all\nleader",
+        "RF=3 acks=all\nforwarded",
+    ]
+    rounds = extra.get("throughput_rounds", {})
+    width = 0.38
+    for k, kind in enumerate(rounds):
+        rows = rounds[kind]
+        ratios = [statistics.median(r[c] / r["rf1_standalone"] for r in rows) for c in cases]
+        xs = [i + (k - 0.5) * width for i in range(len(cases))]
+        ax.bar(xs, ratios, width, label=kind)
+        for x, r in zip(xs, ratios, strict=True):
+            ax.text(x, r, f"{r:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.axhline(0.33, color="black", linestyle="--", linewidth=1, label="target 0.33")
+    ax.set_xticks(range(len(cases)), labels, fontsize=8)
+    ax.set_ylabel("produce records/s ÷ RF=1 standalone")
+    ax.set_title("produce throughput (median of rounds)", fontsize=10)
+    ax.legend(fontsize=8)
+
+    ax = axes[1]
+    lag = extra.get("lag")
+    if lag:
+        ax.bar(["p50", "p99", "max"], [lag["ms"]["p50"], lag["ms"]["p99"], lag["ms"]["max"]])
+        ax.set_ylabel("ms until the follower has the leader's LEO")
+        ax.set_title(
+            f"replication lag at {lag['rate_achieved_records_s']:,.0f} records/s\n"
+            f"(records: p50 {lag['records']['p50']:,.0f}, p99 {lag['records']['p99']:,.0f})",
+            fontsize=10,
+        )
+
+    ax = axes[2]
+    for key, value in extra.items():
+        if key.startswith("failover_ms_"):
+            label = key.removeprefix("failover_ms_")
+            ax.plot(range(1, len(value) + 1), value, "o", label=label)
+    ax.axhline(
+        out["settings"]["failover_session_timeout_ms"] + 1000,
+        color="black",
+        linestyle="--",
+        linewidth=1,
+        label="session timeout + 1 s (test timings)",
+    )
+    ax.set_xlabel("kill #")
+    ax.set_ylabel("ms from SIGKILL to an acks=all write accepted")
+    ax.set_title("leader failover", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.suptitle(
+        f"{PLOT_TITLE} ({out['date']}, load average {out['machine']['load_average_during']:.1f})",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+class LoadWatch:
+    """The 1-minute load average every 5 s during the run: the other work on this machine."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(5.0):
+            self.values.append(os.getloadavg()[0])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.values.append(os.getloadavg()[0])
+
+
+def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Figure], dict[str, Any]]:
+    figures: list[Figure] = []
+    extra: dict[str, Any] = {}
+    rf3_binary = 0.0
+    if "throughput" in args.only or "lag" in args.only:
+        single = BrokerProcess(workdir / "single" / "data")
+        (workdir / "single").mkdir(parents=True, exist_ok=True)
+        cluster = Cluster(workdir / "cluster", 3)
+        with running(single, cluster):
+            single.start()
+            cluster.start()
+            if "throughput" in args.only:
+                print("throughput (acks=all):", flush=True)
+                figures += part_throughput(single, cluster, args, workdir, extra)
+                rf3_binary = statistics.median(
+                    r["rf3_direct"] for r in extra["throughput_rounds"]["binary"]
+                )
+            if "lag" in args.only:
+                rate = args.lag_rate or (rf3_binary / 2 if rf3_binary else 50_000)
+                print(f"replication lag at {rate:,.0f} records/s:", flush=True)
+                figures += part_lag(cluster, args, rate, extra)
+    if "failover" in args.only:
+        print("failover (test timings):", flush=True)
+        session = float(FAILOVER_ENV["LOGBUS_BROKER_SESSION_TIMEOUT_MS"])
+        figures += part_failover(
+            workdir / "failover", args.kills, FAILOVER_ENV, session, "test timings", extra
+        )
+        if args.default_kills:
+            print("failover (default timings):", flush=True)
+            figures += part_failover(
+                workdir / "failover-default",
+                args.default_kills,
+                {},
+                DEFAULT_SESSION_TIMEOUT_MS,
+                "default timings",
+                extra,
+            )
+    if "h2" in args.only:
+        print("HTTP/2 fetch vs HTTP/1.1:", flush=True)
+        figures += part_h2(args, workdir, extra)
+    return figures, extra
+
+
+PARTS = ("throughput", "lag", "failover", "h2")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run (≈ 40 s)")
+    parser.add_argument("--json", default="docs/bench-cluster.json", help="'' for none")
+    parser.add_argument("--plot", default="docs/bench-cluster.png", help="'' for none")
+    parser.add_argument("--replot", metavar="JSON", help="only draw --plot from a --json")
+    parser.add_argument("--data-dir", default="bench-data")
+    parser.add_argument("--seconds", type=float, help="per throughput measurement (4; quick 1)")
+    parser.add_argument("--rounds", type=int, help="throughput rounds (3; quick 1)")
+    parser.add_argument("--lag-rate", type=float, help="records/s (half the RF=3 binary rate)")
+    parser.add_argument("--lag-seconds", type=float, help="steady load for the lag (10; quick 2)")
+    parser.add_argument("--sample-ms", type=float, default=50)
+    parser.add_argument("--kills", type=int, help="leader SIGKILLs, test timings (20; quick 2)")
+    parser.add_argument("--default-kills", type=int, default=0, help="also with default timings")
+    parser.add_argument("--driver", choices=["wrk", "python"], help="load generator (wrk if found)")
+    parser.add_argument(
+        "--only", default=",".join(PARTS), help=f"comma-separated parts of {', '.join(PARTS)}"
+    )
+    args = parser.parse_args(argv)
+    if args.replot:
+        if not args.plot:
+            parser.error("--replot needs --plot")
+        plot(json.loads(Path(args.replot).read_text()), Path(args.plot))
+        return 0
+    q = args.quick
+    args.seconds = args.seconds or (1.0 if q else 4.0)
+    args.rounds = args.rounds or (1 if q else 3)
+    args.lag_seconds = args.lag_seconds or (2.0 if q else 10.0)
+    args.kills = args.kills if args.kills is not None else (2 if q else 20)
+    args.driver = args.driver or ("wrk" if shutil.which("wrk") else "python")
+    args.only = [p.strip() for p in args.only.split(",") if p.strip()]
+    if unknown := set(args.only) - set(PARTS):
+        parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+
+    base = Path(args.data_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-cluster-", dir=base))
+    started = time.time()
+    watch = LoadWatch()
+    try:
+        figures, extra = run(args, workdir)
+    finally:
+        watch.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    loads_seen = watch.values
+    print_table(figures)
+    out: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "source": describe_source(),
+        "command": "python -m benchmarks.cluster "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_start": loads_seen[0],
+            "load_average_end": loads_seen[-1],
+            "load_average_during": statistics.mean(loads_seen),
+            "load_average_max": max(loads_seen),
+        },
+        "settings": {
+            **{k: getattr(args, k) for k in ("quick", "seconds", "rounds", "lag_seconds")},
+            **{k: getattr(args, k) for k in ("sample_ms", "kills", "default_kills", "driver")},
+            "failover_env": FAILOVER_ENV,
+            "failover_session_timeout_ms": float(FAILOVER_ENV["LOGBUS_BROKER_SESSION_TIMEOUT_MS"]),
+        },
+        "figures": [asdict(f) | {"met": f.met} for f in figures],
+        "extra": extra,
+    }
+    print(
+        f"\n{time.time() - started:.0f} s in all; 1-min load average {loads_seen[0]:.1f} at the "
+        f"start, {statistics.mean(loads_seen):.1f} mean, {max(loads_seen):.1f} max, "
+        f"{loads_seen[-1]:.1f} at the end; driver {args.driver}; source {out['source']}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    if args.plot:
+        try:
+            plot(out, Path(args.plot))
+        except ImportError:
+            print("no plot: matplotlib is missing (pip install -e '.[bench]')")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
