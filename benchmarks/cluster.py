@@ -104,6 +104,7 @@ FAILOVER_ENV = {
 DEFAULT_SESSION_TIMEOUT_MS = 9_000
 WAIT_S = 60.0  # bound on a state a healthy cluster reaches in seconds (a hang, not a figure)
 FAILOVER_GIVE_UP_S = 60.0
+REQUEST_TIMEOUT_S = 30.0  # any one request of the asyncio clients
 PLOT_TITLE = "bench-cluster: 3 brokers on loopback, 2 cores"
 
 
@@ -150,6 +151,7 @@ class Cluster:
         self.urls: dict[int, str] = {}
 
     def start(self) -> Cluster:
+        # One after the other, as tests/cluster does: the first creates the shared schema.
         for b in self.brokers.values():
             b.start()
         self.urls = eventually(self._registered, "every broker registered")
@@ -256,7 +258,7 @@ async def _python_load(
         try:
             while time.perf_counter() < deadline:
                 t = time.perf_counter()
-                status = await client.post(path, load.body)
+                status = await asyncio.wait_for(client.post(path, load.body), REQUEST_TIMEOUT_S)
                 latencies.append((time.perf_counter() - t) * 1000)
                 errors += status != 200
         finally:
@@ -458,7 +460,7 @@ async def _steady_lag(
                 delay = t0 + n * interval - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                status = await client.post(path, batch)
+                status = await asyncio.wait_for(client.post(path, batch), REQUEST_TIMEOUT_S)
                 if status != 200:
                     raise RuntimeError(f"steady producer got {status}")
                 n += 1
@@ -467,31 +469,30 @@ async def _steady_lag(
             client.close()
             stop.set()
 
+    async def sample(client: RawHttp, url: str) -> None:
+        t = time.perf_counter()
+        status, body = await asyncio.wait_for(
+            client.request("GET", f"/v1/topics/{topic}/partitions"), REQUEST_TIMEOUT_S
+        )
+        mid = (t + time.perf_counter()) / 2
+        if status != 200:
+            return
+        p = orjson.loads(body)[0]
+        local = p.get("local_replica") or {}
+        if p["log_end_offset"] >= 0 and "log_end_offset" in local:  # -1: leader not reached
+            samples[url].append(Sample(mid, p["log_end_offset"], local["log_end_offset"]))
+
     async def sampler(url: str) -> None:
         client = RawHttp(int(url.rsplit(":", 1)[1]))
         try:
-            # A little past the producer's end, so late samples can resolve.
-            while not stop.is_set() or len(samples[url]) < 3:
+            while not stop.is_set():
                 t = time.perf_counter()
-                status, body = await client.request("GET", f"/v1/topics/{topic}/partitions")
-                mid = (t + time.perf_counter()) / 2
-                if status == 200:
-                    p = orjson.loads(body)[0]
-                    local = p.get("local_replica") or {}
-                    if p["log_end_offset"] >= 0 and "log_end_offset" in local:
-                        samples[url].append(
-                            Sample(mid, p["log_end_offset"], local["log_end_offset"])
-                        )
+                await sample(client, url)
                 await asyncio.sleep(max(0.0, t + sample_s - time.perf_counter()))
-            for _ in range(int(1.0 / sample_s)):  # 1 s of tail: late samples resolve
+            for _ in range(int(2.0 / sample_s)):  # 2 s of tail: late samples resolve
                 t = time.perf_counter()
-                status, body = await client.request("GET", f"/v1/topics/{topic}/partitions")
-                p = orjson.loads(body)[0]
-                local = p.get("local_replica") or {}
-                mid = (t + time.perf_counter()) / 2
-                if status == 200 and "log_end_offset" in local:
-                    samples[url].append(Sample(mid, p["log_end_offset"], local["log_end_offset"]))
-                await asyncio.sleep(sample_s)
+                await sample(client, url)
+                await asyncio.sleep(max(0.0, t + sample_s - time.perf_counter()))
         finally:
             client.close()
 
@@ -637,16 +638,27 @@ def part_h2(args: argparse.Namespace, workdir: Path, extra: dict[str, Any]) -> l
     subprocess.run(cmd, check=True, timeout=600)
     report = json.loads(out.read_text())
     extra["h2_fetch"] = report
-    return [
-        Figure(
-            f"h2c fetch / HTTP/1.1 read, {size} bodies, one connection",
-            entry["ratio_h2c_to_http1_raw"],
-            "ratio",
-            note=f"h2c {entry['mb_per_s']['h2c']:,.0f} MB/s, "
-            f"HTTP/1.1 {entry['mb_per_s']['http1_raw']:,.0f} MB/s",
+    figures = []
+    for size, entry in report["results"].items():
+        mb_s = entry["mb_per_s"]
+        figures.append(
+            Figure(
+                f"h2c fetch / HTTP/1.1 read, {size} bodies, one connection",
+                entry["ratio_h2c_to_http1_raw"],
+                "ratio",
+                note=f"h2c {mb_s['h2c']:,.0f} MB/s, HTTP/1.1 {mb_s['http1_raw']:,.0f} MB/s",
+            )
         )
-        for size, entry in report["results"].items()
-    ]
+        if "ratio_h2c_replica_wire_to_http1_raw" in entry:  # the replication fetch's own path
+            figures.append(
+                Figure(
+                    f"h2c replication fetch / HTTP/1.1 read, {size}",
+                    entry["ratio_h2c_replica_wire_to_http1_raw"],
+                    "ratio",
+                    note=f"{mb_s.get('h2c_replica_wire', 0):,.0f} MB/s",
+                )
+            )
+    return figures
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -700,7 +712,8 @@ def plot(out: dict[str, Any], path: Path) -> None:
     ax = axes[1]
     lag = extra.get("lag")
     if lag:
-        ax.bar(["p50", "p99", "max"], [lag["ms"]["p50"], lag["ms"]["p99"], lag["ms"]["max"]])
+        bars = ax.bar(["p50", "p99", "max"], [lag["ms"][k] for k in ("p50", "p99", "max")])
+        ax.bar_label(bars, fmt="%.0f ms", fontsize=8)
         ax.set_ylabel("ms until the follower has the leader's LEO")
         ax.set_title(
             f"replication lag at {lag['rate_achieved_records_s']:,.0f} records/s\n"
@@ -720,6 +733,7 @@ def plot(out: dict[str, Any], path: Path) -> None:
         linewidth=1,
         label="session timeout + 1 s (test timings)",
     )
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("kill #")
     ax.set_ylabel("ms from SIGKILL to an acks=all write accepted")
     ax.set_title("leader failover", fontsize=10)
@@ -753,25 +767,37 @@ class LoadWatch:
 
 def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Figure], dict[str, Any]]:
     figures: list[Figure] = []
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"part_seconds": {}}
     rf3_binary = 0.0
+    t0 = time.monotonic()
+
+    def done(part: str) -> None:
+        nonlocal t0
+        extra["part_seconds"][part] = round(time.monotonic() - t0, 1)
+        print(f"  ({part}: {time.monotonic() - t0:.0f} s)", flush=True)
+        t0 = time.monotonic()
+
     if "throughput" in args.only or "lag" in args.only:
         single = BrokerProcess(workdir / "single" / "data")
         (workdir / "single").mkdir(parents=True, exist_ok=True)
         cluster = Cluster(workdir / "cluster", 3)
         with running(single, cluster):
-            single.start()
+            if "throughput" in args.only:
+                single.start()
             cluster.start()
+            done("start brokers")
             if "throughput" in args.only:
                 print("throughput (acks=all):", flush=True)
                 figures += part_throughput(single, cluster, args, workdir, extra)
                 rf3_binary = statistics.median(
                     r["rf3_direct"] for r in extra["throughput_rounds"]["binary"]
                 )
+                done("throughput")
             if "lag" in args.only:
                 rate = args.lag_rate or (rf3_binary / 2 if rf3_binary else 50_000)
                 print(f"replication lag at {rate:,.0f} records/s:", flush=True)
                 figures += part_lag(cluster, args, rate, extra)
+                done("lag")
     if "failover" in args.only:
         print("failover (test timings):", flush=True)
         session = float(FAILOVER_ENV["LOGBUS_BROKER_SESSION_TIMEOUT_MS"])
@@ -788,9 +814,11 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Figure], dict[str
                 "default timings",
                 extra,
             )
+        done("failover")
     if "h2" in args.only:
         print("HTTP/2 fetch vs HTTP/1.1:", flush=True)
         figures += part_h2(args, workdir, extra)
+        done("h2")
     return figures, extra
 
 
