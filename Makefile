@@ -11,7 +11,7 @@ DATA_DIR ?= ./logbus-data
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run cluster test test-slow lint typecheck browser postgres bench bench-storage clean
+.PHONY: run cluster test test-slow lint typecheck browser postgres bench bench-storage bench-cluster clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -72,6 +72,13 @@ bench: $(TEST_STAMP)
 
 bench-storage: $(RUN_STAMP)
 	$(BIN)/python -m benchmarks.storage
+
+# 3 brokers on this host (shared SQLite store) vs one: RF=3 acks=all produce as a ratio to RF=1,
+# replication lag, leader failover over 20 SIGKILLs (docs/benchmarks.md, "Cluster"; ≈ 8 min).
+bench-cluster: $(RUN_STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(BIN)/python -m benchmarks.cluster --json docs/bench-cluster.json --plot docs/bench-cluster.png
 
 bench-spark: $(SPARK_STAMP)
 	$(BIN)/python -m benchmarks.spark --json docs/bench-spark.json
