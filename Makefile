@@ -74,11 +74,12 @@ bench-storage: $(RUN_STAMP)
 	$(BIN)/python -m benchmarks.storage
 
 # 3 brokers on this host (shared SQLite store) vs one: RF=3 acks=all produce as a ratio to RF=1,
-# replication lag, leader failover over 20 SIGKILLs (docs/benchmarks.md, "Cluster"; ≈ 8 min).
+# replication lag, leader failover over 20 SIGKILLs (3 more with the default timings);
+# docs/benchmarks.md, "Cluster"; ≈ 8 min on a quiet machine.
 bench-cluster: $(RUN_STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
-	$(BIN)/python -m benchmarks.cluster --json docs/bench-cluster.json --plot docs/bench-cluster.png
+	$(BIN)/python -m benchmarks.cluster --default-kills 3 --json docs/bench-cluster.json --plot docs/bench-cluster.png
 
 bench-spark: $(SPARK_STAMP)
 	$(BIN)/python -m benchmarks.spark --json docs/bench-spark.json
