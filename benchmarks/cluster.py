@@ -209,7 +209,10 @@ class Cluster:
 
     def wait_healthy(self, topic: str, rf: int) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
-            views = [self.partition(topic, b.url) for b in self.brokers.values() if b.proc]
+            try:
+                views = [self.partition(topic, b.url) for b in self.brokers.values() if b.proc]
+            except httpx.HTTPStatusError:  # 404: a broker has not seen the new topic yet
+                return None
             first = views[0]
             ok = first["leader"] != -1 and len(first["isr"]) == rf
             same = all(v["leader"] == first["leader"] for v in views)
