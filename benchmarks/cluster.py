@@ -407,6 +407,13 @@ def part_throughput(
                 f"({per_req}, {load.connections} connections)",
             ),
             Figure(
+                f"{kind} produce RF=3 acks=all / RF=1 on a cluster broker",
+                statistics.median(r["rf3_direct"] / r["rf1_cluster"] for r in rows),
+                "ratio",
+                note="the same brokers and settings; a standalone broker fsyncs for acks=all, "
+                "a cluster does not (acks=all means the ISR has it)",
+            ),
+            Figure(
                 f"{kind} produce RF=3 through a non-leader (forwarded) / RF=1",
                 ratio("rf3_forwarded"),
                 "ratio",
