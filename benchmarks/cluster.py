@@ -654,7 +654,7 @@ def part_failover(
 
 
 def part_h2(args: argparse.Namespace, workdir: Path, extra: dict[str, Any]) -> list[Figure]:
-    """HOOK: the ``h2_fetch`` benchmark (branch h/h2zc, not merged when this was written)
+    """HOOK: the ``h2_fetch`` benchmark (from branch h/h2zc; optional, looked up at run time)
     measures h2c vs HTTP/1.1 reads of the same bytes; run it when present, take its ratios."""
     if importlib.util.find_spec(H2_FETCH) is None:
         print(f"  {H2_FETCH} is not here: HTTP/2 fetch ratio not measured", flush=True)
