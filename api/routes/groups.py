@@ -60,7 +60,9 @@ def _assignment(coordinator: Coordinator, group: str, member_id: str, r: Any) ->
     "/{group}/members",
     status_code=201,
     summary="Join a group: a member id, generation and assignment",
-    responses=errors(400, 404, 503),
+    # 409: the new member's session ran out before its membership was written (a session
+    # timeout shorter than a write of the group record).
+    responses=errors(400, 404, 409, 503),
 )
 async def join(group: str, body: MemberJoin, coordinator: CoordinatorDep) -> MemberAssignment:
     r = coordinator.join(
