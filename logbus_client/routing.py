@@ -245,6 +245,12 @@ def _headers(kwargs: dict[str, Any], direct: bool) -> dict[str, Any]:
     return out
 
 
+class _Step(enum.Enum):
+    RETURN = "return the answer"
+    RETRY_NOW = "retry at once"
+    RETRY_LATER = "retry after a backoff"
+
+
 class _Base:
     def __init__(
         self,
@@ -282,6 +288,59 @@ class _Base:
             return False
         self.view.redirect(tp, leader)
         return True
+
+    def _learned(self, base: str, answer: httpx.Response | Exception) -> bool:
+        """Take ``GET /v1/cluster``'s answer from ``base`` (404: a broker without it, one
+        alone); False to ask the next candidate."""
+        if isinstance(answer, Exception):
+            self.view.suspect(base)
+            return False
+        if answer.status_code not in (200, 404):
+            return False
+        try:
+            cluster = answer.json() if answer.status_code == 200 else None
+        except ValueError:
+            self.view.suspect(base)
+            return False
+        self.view.apply_cluster(base, cluster)
+        return True
+
+    def _unanswered(
+        self,
+        e: httpx.TransportError,
+        what: str,
+        partition: TopicPartition | None,
+        base: str,
+        attempts: int,
+        idempotent: bool,
+    ) -> None:
+        """An attempt got no answer: give up unless retrying is safe and allowed."""
+        safe = connection_never_made(e)
+        self.failed(partition, base, True)
+        if not (safe or idempotent) or attempts >= self.max_attempts:
+            self._give_up(what, attempts, e, not safe)
+
+    def _next_step(
+        self,
+        r: httpx.Response,
+        partition: TopicPartition | None,
+        base: str,
+        attempts: int,
+        idempotent: bool,
+        redirects: int,
+    ) -> tuple[_Step, int]:
+        """What to do with an answer (and the redirect count to go on with)."""
+        verdict, leader = judge(r.status_code, r.content)
+        if verdict is Verdict.DONE or attempts >= self.max_attempts:
+            return _Step.RETURN, redirects
+        if verdict is Verdict.MAYBE and not idempotent:
+            return _Step.RETURN, redirects
+        if self.follow_redirect(verdict, leader, partition, base):
+            redirects += 1
+            # The first hop to a named leader needs no backoff.
+            return (_Step.RETRY_NOW if redirects == 1 else _Step.RETRY_LATER), redirects
+        self.failed(partition, base, False, r.status_code)
+        return _Step.RETRY_LATER, 0
 
     def _give_up(self, what: str, attempts: int, e: BaseException | None, maybe: bool) -> None:
         raise RoutingError(
@@ -340,15 +399,11 @@ class Router(_Base):
                 return True  # another request refreshed while this one waited
             for base in self.view.candidates():
                 try:
-                    r = self.http.get(f"{base}/v1/cluster")
-                    if r.status_code not in (200, 404):
-                        continue
-                    cluster = r.json() if r.status_code == 200 else None
-                except (httpx.TransportError, ValueError):
-                    self.view.suspect(base)
-                    continue
-                self.view.apply_cluster(base, cluster)
-                return True
+                    answer: httpx.Response | Exception = self.http.get(f"{base}/v1/cluster")
+                except httpx.TransportError as e:
+                    answer = e
+                if self._learned(base, answer):
+                    return True
             return False
 
     def target(self, tp: TopicPartition | None) -> tuple[str, bool]:
@@ -396,23 +451,15 @@ class Router(_Base):
             try:
                 r = self.http.request(method, base + path, **_headers(kwargs, direct))
             except httpx.TransportError as e:
-                safe = connection_never_made(e)
-                self.failed(partition, base, True)
-                if not (safe or idempotent) or attempts >= self.max_attempts:
-                    self._give_up(f"{method} {path}", attempts, e, not safe)
+                self._unanswered(e, f"{method} {path}", partition, base, attempts, idempotent)
             else:
-                verdict, leader = judge(r.status_code, r.content)
-                if verdict is Verdict.DONE or attempts >= self.max_attempts:
+                step, redirects = self._next_step(
+                    r, partition, base, attempts, idempotent, redirects
+                )
+                if step is _Step.RETURN:
                     return r
-                if verdict is Verdict.MAYBE and not idempotent:
-                    return r
-                if self.follow_redirect(verdict, leader, partition, base):
-                    redirects += 1
-                    if redirects == 1:
-                        continue  # the first hop to a named leader needs no backoff
-                else:
-                    redirects = 0
-                    self.failed(partition, base, False, r.status_code)
+                if step is _Step.RETRY_NOW:
+                    continue
             self._sleep(backoff.next())
 
 
@@ -459,15 +506,11 @@ class AsyncRouter(_Base):
                 return True  # another request refreshed while this one waited
             for base in self.view.candidates():
                 try:
-                    r = await self.http.get(f"{base}/v1/cluster")
-                    if r.status_code not in (200, 404):
-                        continue
-                    cluster = r.json() if r.status_code == 200 else None
-                except (httpx.TransportError, ValueError):
-                    self.view.suspect(base)
-                    continue
-                self.view.apply_cluster(base, cluster)
-                return True
+                    answer: httpx.Response | Exception = await self.http.get(f"{base}/v1/cluster")
+                except httpx.TransportError as e:
+                    answer = e
+                if self._learned(base, answer):
+                    return True
             return False
 
     async def target(self, tp: TopicPartition | None) -> tuple[str, bool]:
@@ -492,21 +535,13 @@ class AsyncRouter(_Base):
             try:
                 r = await self.http.request(method, base + path, **_headers(kwargs, direct))
             except httpx.TransportError as e:
-                safe = connection_never_made(e)
-                self.failed(partition, base, True)
-                if not (safe or idempotent) or attempts >= self.max_attempts:
-                    self._give_up(f"{method} {path}", attempts, e, not safe)
+                self._unanswered(e, f"{method} {path}", partition, base, attempts, idempotent)
             else:
-                verdict, leader = judge(r.status_code, r.content)
-                if verdict is Verdict.DONE or attempts >= self.max_attempts:
+                step, redirects = self._next_step(
+                    r, partition, base, attempts, idempotent, redirects
+                )
+                if step is _Step.RETURN:
                     return r
-                if verdict is Verdict.MAYBE and not idempotent:
-                    return r
-                if self.follow_redirect(verdict, leader, partition, base):
-                    redirects += 1
-                    if redirects == 1:
-                        continue  # the first hop to a named leader needs no backoff
-                else:
-                    redirects = 0
-                    self.failed(partition, base, False, r.status_code)
+                if step is _Step.RETRY_NOW:
+                    continue
             await asyncio.sleep(backoff.next())
