@@ -12,7 +12,7 @@ from fastapi_offline import FastAPIOffline
 
 from cluster.broker import Broker, BrokerConfig
 from cluster.coordinator import Coordinator
-from cluster.replica_manager import ReplicationConfig
+from cluster.replica_manager import FORWARD_HEADER_BYTES, ReplicationConfig
 from core_log.datadir import DataDirLock
 
 from . import errors
@@ -66,6 +66,8 @@ def broker_config(settings: Settings) -> BrokerConfig:
             socket_timeout_ms=settings.replica_socket_timeout_ms,
             metadata_refresh_interval_ms=settings.metadata_refresh_interval_ms,
             request_timeout_ms=settings.request_timeout_ms,
+            # A forwarded produce: one partition's share of a request, and a small header.
+            forward_max_bytes=settings.max_request_bytes + FORWARD_HEADER_BYTES,
         ),
         default_replication_factor=settings.default_replication_factor,
         auto_leader_rebalance_enable=settings.auto_leader_rebalance_enable,

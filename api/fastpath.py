@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from cluster.forwarding import ROUTES, direct_route
 from core_log.errors import ErrorCode, LogbusError
 
-from . import guard, proxy, records, streams
+from . import guard, records, streams
 from .budgets import RETRY_AFTER_S, BodyGuard, Budgets, ByteBudget, budget_exhausted
 from .guard import BrowserPolicy
 from .params import PARTITION_MAX
@@ -79,7 +79,7 @@ class FastPath:
                 return
             if verdict.headers:
                 send = guard.with_headers(send, verdict.headers)
-        route = _route(scope)
+        route = _route_header(scope)
         if route not in ROUTES:
             await guard.refuse(scope, send, guard.Verdict(400, _bad_route(route)))
             return
@@ -98,8 +98,10 @@ class FastPath:
             target = await state.proxy.target(scope, direct_route.get())
             if target is not None:
                 try:
-                    body = await proxy.read_all(receive, state.settings.max_request_bytes)
-                except ConnectionError:
+                    body = await records.read_body(
+                        body_chunks(receive), state.settings.max_request_bytes
+                    )
+                except ClientDisconnected:
                     return
                 await state.proxy.forward(scope, body, send, target)
                 return
@@ -216,7 +218,7 @@ def _answers_at_once(state: AppState, topic: str, partition: int, query: dict[st
     return offset.isdigit() and len(offset) < 20 and int(offset) < hw
 
 
-def _route(scope: Scope) -> str:
+def _route_header(scope: Scope) -> str:
     """The request's Logbus-Route (``forward`` when absent)."""
     if scope["type"] not in ("http", "websocket"):
         return "forward"

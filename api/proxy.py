@@ -28,12 +28,12 @@ import re
 from dataclasses import dataclass
 
 import httpx
-from starlette.types import Receive, Scope, Send
+from starlette.types import Scope, Send
 
 from cluster.broker import Broker
 from core_log.errors import ErrorCode, LogbusError
 
-from .problems import PROBLEM_JSON, problem_bytes
+from . import guard
 
 _GROUP = re.compile(r"^/v1/groups/([^/]+)(?:/.*)?$")
 _ADMIN = (
@@ -112,10 +112,10 @@ class Proxy:
         try:
             response = await self.client.send(request, stream=True)
         except httpx.TimeoutException:
-            await _problem(send, _unreachable(target, "did not answer in time"), 504)
+            await _refuse(scope, send, _unreachable(target, "did not answer in time"), 504)
             return
         except httpx.HTTPError as e:
-            await _problem(send, _unreachable(target, str(e) or type(e).__name__), 503)
+            await _refuse(scope, send, _unreachable(target, str(e) or type(e).__name__), 503)
             return
         try:
             if target.role == "controller" and response.is_success:
@@ -151,29 +151,6 @@ def _unreachable(target: Target, why: str) -> LogbusError:
     )
 
 
-async def _problem(send: Send, error: LogbusError, status: int) -> None:
-    error.http_status_override = status
-    body = problem_bytes(error)
-    headers = [
-        (b"content-type", PROBLEM_JSON.encode()),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def read_all(receive: Receive, limit: int) -> bytes:
-    """The request body (the front door's BodyGuard has capped it at ``limit`` already)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ConnectionError("client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise ValueError("body over the limit")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+async def _refuse(scope: Scope, send: Send, error: LogbusError, status: int) -> None:
+    error.http_status_override = status  # the body says the status the answer has
+    await guard.refuse(scope, send, guard.Verdict(status, error))

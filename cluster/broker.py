@@ -45,9 +45,7 @@ from core_log.log import AppendResult
 from core_log.manager import LogManager, Partition, validate_topic_name
 
 from .controller import Controller, assign_replicas, live_placement
-from .forwarding import (
-    PATHS as FORWARDED_PATHS,
-)
+from .forwarding import PATHS as FORWARDED_PATHS
 from .forwarding import (
     FollowerPartition,
     Forwarder,
@@ -588,8 +586,7 @@ class Broker:
         direct = direct_route.get() if direct is None else direct
         if self.replicas is None or self.forwarder is None:
             return self.logs.get(topic, partition)
-        leading = self.replicas.leading.get((topic, partition))
-        if direct or (leading is not None and leading.active):
+        if direct or self.leads(topic, partition):
             return self.replicas.leader_of(topic, partition).partition
         remote = self.forwarder.remote(topic, partition)
         local = self.replicas.follows(topic, partition)

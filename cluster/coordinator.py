@@ -225,11 +225,8 @@ class Coordinator:
     def _roles_changed(self) -> None:
         """Load the offsets partitions this broker leads now; unload those it lost (or leads
         in a new epoch: another leader may have written meanwhile)."""
-        if self._closed:
-            return
-        try:
-            n = self.broker.topic(OFFSETS_TOPIC).partitions
-        except LogbusError:
+        n = self._offsets_known()
+        if self._closed or n is None:
             return
         self.offsets_partitions = n
         for p in range(n):

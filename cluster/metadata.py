@@ -520,13 +520,13 @@ class MetadataStore:
         Without a name: a fresh id (ids come from a persisted counter and are never reused)
         and epoch 0. With a name (Kafka's ``transactional.id``): the same id with the epoch
         bumped, which fences every older session of that name; a fresh id past epoch 32767.
-        Brokers allocating at the same moment race on the counter (or on a name's first row):
-        the loser tries again, a few times.
+        Brokers allocating at the same moment for the first time race to insert the counter
+        (or a name's row): the loser tries again, a few times.
         """
         for attempt in range(ALLOCATION_ATTEMPTS):
             try:
                 return self._init_producer(name)
-            except (ConcurrentUpdateError, IntegrityError):
+            except IntegrityError:  # another broker inserted the same first row
                 if attempt == ALLOCATION_ATTEMPTS - 1:
                     raise ConcurrentUpdateError(
                         "producer id allocation kept racing; retry"

@@ -65,6 +65,7 @@ from .replication import (
 log = logging.getLogger("logbus.replication")
 TopicPartition = tuple[str, int]
 FETCH_BACKOFF_S = 0.1  # after a failed replica fetch (leader down, link cut)
+FORWARD_HEADER_BYTES = 1024 * 1024  # room for a forwarded request's JSON header
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,9 @@ class ReplicationConfig:
     socket_timeout_ms: int = 30_000
     metadata_refresh_interval_ms: int = 200
     request_timeout_ms: int = 30_000
-    # A forwarded produce carries one partition's batches of a request (≤ max_request_bytes,
-    # 64 MiB) and a small header.
-    forward_max_bytes: int = 65 * 1024 * 1024
+    # A forwarded produce carries one partition's batches of a request (≤ the API's
+    # max_request_bytes, 64 MiB by default) and a small header.
+    forward_max_bytes: int = 64 * 1024 * 1024 + FORWARD_HEADER_BYTES
 
 
 class NotLeaderError(LogbusError):
@@ -317,8 +318,7 @@ class ReplicaManager:
         leading = self.leading.get((topic, partition))
         if leading is not None and leading.active and not self._lease_lapsed():
             return leading
-        row = self.rows.get((topic, partition))
-        leader = row.leader if row is not None else NO_LEADER
+        leader = self.leader_id(topic, partition)
         if leader == self.me:  # our lease lapsed: the rows we hold are stale, name nobody
             leader = NO_LEADER
         b = self.brokers.get(leader)
@@ -603,9 +603,6 @@ class ReplicaManager:
 
     def client_for(self, leader: int) -> H2Client | None:
         """The h2c connection to a broker (shared by fetchers and forwarded requests)."""
-        return self._client(leader)
-
-    def _client(self, leader: int) -> H2Client | None:
         b = self.brokers.get(leader)
         if b is None or not b.replication_port:
             return None
@@ -626,7 +623,7 @@ class ReplicaManager:
                 for tp, f in self.following.items()
                 if f.replica.leader == leader and not f.backoff
             }
-            client = self._client(leader)
+            client = self.client_for(leader)
             if not mine or client is None:
                 wake.clear()
                 with contextlib.suppress(TimeoutError):
