@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from api.process import BrokerProcess
-from tests.cluster.test_cluster_processes import CLUSTER_ENV, eventually
+from tests.cluster.test_cluster_processes import brokers_on_one_store, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPIC = "cli-failover"
@@ -26,26 +26,8 @@ CHUNK = 100  # lines written to the CLI's stdin at a time
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[dict[int, BrokerProcess]]:
-    url = f"sqlite:///{tmp_path / 'shared.db'}"
-    brokers = {
-        i: BrokerProcess(
-            tmp_path / f"broker-{i}",
-            None,
-            "--broker-id",
-            str(i),
-            "--metadata-url",
-            url,
-            env=CLUSTER_ENV,
-        )
-        for i in (1, 2, 3)
-    }
-    try:
-        for b in brokers.values():
-            b.start()
+    with brokers_on_one_store(tmp_path) as (_, brokers):
         yield brokers
-    finally:
-        for b in brokers.values():
-            b.kill()
 
 
 def _partition(base: str) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,12 +39,16 @@ def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = WAIT
         time.sleep(0.05)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[str, dict[int, BrokerProcess]]]:
-    url = f"sqlite:///{tmp_path / 'shared.db'}"
+@contextlib.contextmanager
+def brokers_on_one_store(
+    directory: Path, count: int = 3
+) -> Iterator[tuple[str, dict[int, BrokerProcess]]]:
+    """``count`` broker processes (ids 1..count) sharing a SQLite store in ``directory``,
+    started with :data:`CLUSTER_ENV` and SIGKILLed at the end: (metadata URL, brokers)."""
+    url = f"sqlite:///{directory / 'shared.db'}"
     brokers = {
         i: BrokerProcess(
-            tmp_path / f"broker-{i}",
+            directory / f"broker-{i}",
             None,
             "--broker-id",
             str(i),
@@ -51,7 +56,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, dict[int, BrokerProcess]]]:
             url,
             env=CLUSTER_ENV,
         )
-        for i in (1, 2, 3)
+        for i in range(1, count + 1)
     }
     try:
         for b in brokers.values():
@@ -60,6 +65,12 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, dict[int, BrokerProcess]]]:
     finally:
         for b in brokers.values():
             b.kill()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[str, dict[int, BrokerProcess]]]:
+    with brokers_on_one_store(tmp_path) as running:
+        yield running
 
 
 def _row(url: str, topic: str, partition: int = 0) -> PartitionMeta:

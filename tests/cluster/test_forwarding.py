@@ -16,10 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from api.process import BrokerProcess
 from cluster.metadata import MetadataStore, PartitionMeta
 
-from .test_cluster_processes import CLUSTER_ENV, eventually
+from .test_cluster_processes import brokers_on_one_store, eventually
 
 TOPIC = "clicks"
 PARTITIONS = 3
@@ -27,17 +26,7 @@ PARTITIONS = 3
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[int, str]]]:
-    tmp = tmp_path_factory.mktemp("fwd")
-    url = f"sqlite:///{tmp / 'shared.db'}"
-    brokers = {
-        i: BrokerProcess(
-            tmp / f"broker-{i}", None, "--broker-id", str(i), "--metadata-url", url, env=CLUSTER_ENV
-        )
-        for i in (1, 2, 3)
-    }
-    try:
-        for b in brokers.values():
-            b.start()
+    with brokers_on_one_store(tmp_path_factory.mktemp("fwd")) as (url, brokers):
         r = httpx.post(
             f"{brokers[1].url}/v1/topics",
             json={"name": TOPIC, "partitions": PARTITIONS, "replication_factor": 2},
@@ -51,9 +40,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
             for base in urls.values():
                 eventually(lambda base=base, p=p: _knows_leader(base, url, p), "metadata")
         yield url, urls
-    finally:
-        for b in brokers.values():
-            b.kill()
 
 
 def _row(url: str, partition: int) -> PartitionMeta:

@@ -25,7 +25,7 @@ import pytest
 from api.process import BrokerProcess
 from logbus_client.producer import ProducerSession
 from logbus_client.routing import Router
-from tests.cluster.test_cluster_processes import CLUSTER_ENV, eventually
+from tests.cluster.test_cluster_processes import brokers_on_one_store, eventually
 
 TOPIC = "clicks"
 PARTITIONS = 2
@@ -33,26 +33,8 @@ PARTITIONS = 2
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[dict[int, BrokerProcess]]:
-    url = f"sqlite:///{tmp_path / 'shared.db'}"
-    brokers = {
-        i: BrokerProcess(
-            tmp_path / f"broker-{i}",
-            None,
-            "--broker-id",
-            str(i),
-            "--metadata-url",
-            url,
-            env=CLUSTER_ENV,
-        )
-        for i in (1, 2, 3)
-    }
-    try:
-        for b in brokers.values():
-            b.start()
+    with brokers_on_one_store(tmp_path) as (_, brokers):
         yield brokers
-    finally:
-        for b in brokers.values():
-            b.kill()
 
 
 def _partitions(base: str) -> list[dict[str, Any]] | None:
