@@ -7,6 +7,7 @@ broker leads, one follows and one holds no replica — every path is exercised.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -396,3 +397,30 @@ def test_the_leader_exports_isr_and_follower_lag_metrics(
         text,
     )
     assert lag is not None and float(lag[1]) >= 0  # acks=all: the follower has fetched
+
+
+def test_websocket_through_a_broker_without_a_replica_streams_new_records(
+    cluster: tuple[str, dict[int, str]],
+) -> None:
+    from websockets.asyncio.client import connect
+
+    from tests.api.test_ws import Consumer, credit, subscribe
+
+    url, urls = cluster
+    leader, _, outsider = _roles(url, urls, 1)
+    start = _fetch(leader, 1, 0).json()["high_watermark"]
+
+    async def main() -> list[Any]:
+        ws_url = outsider.replace("http://", "ws://", 1) + "/v1/ws"
+        async with connect(ws_url, open_timeout=10, close_timeout=2, max_size=None) as ws:
+            await subscribe(ws, partitions=[{"topic": TOPIC, "partition": 1, "offset": start}])
+            await credit(ws, 100)
+            # Written after the subscription: the outsider's long-poll at the leader wakes.
+            r = await asyncio.to_thread(_produce, leader, 1, ["ws-1", "ws-2", "ws-3"])
+            assert r.status_code == 200, r.text
+            c = Consumer(ws)
+            await c.until(3)
+            return [(o, v) for _, _, o, v in c.records]
+
+    got = asyncio.run(main())
+    assert got == [(start, "ws-1"), (start + 1, "ws-2"), (start + 2, "ws-3")]
