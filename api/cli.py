@@ -103,8 +103,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _metadata_upgrade(args: argparse.Namespace) -> int:
-    import sqlalchemy as sa
-
     from cluster import migrate
 
     settings = Settings(**{k: v for k, v in {"data_dir": args.data_dir}.items() if v is not None})
@@ -112,10 +110,7 @@ def _metadata_upgrade(args: argparse.Namespace) -> int:
     if url is None:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{settings.data_dir / 'metadata.db'}"
-    engine = sa.create_engine(url)
-    before = migrate.current(engine)
-    after = migrate.upgrade(engine)
-    engine.dispose()
+    before, after = migrate.upgrade_url(url)
     print(f"metadata schema at revision {after} (was {before or 'empty'})")
     return 0
 

@@ -197,8 +197,10 @@ def cluster_up(args: argparse.Namespace) -> int:
     except OSError as e:
         return _fail(f"cannot create the data directory {data_dir}: {e}")
     url: str = args.metadata_url or f"sqlite:///{data_dir / 'metadata.db'}"
+    from cluster import migrate  # SQLAlchemy and Alembic: only for this command
+
     try:
-        revision = _migrate(url)
+        revision = migrate.upgrade_url(url)[1]
     except Exception as e:  # any driver's error: say which store and why, in one line
         return _fail(f"cannot migrate the metadata store {_shown(url)}: {type(e).__name__}: {e}")
 
@@ -248,18 +250,6 @@ def _shown(url: str) -> str:
         return sa.engine.make_url(url).render_as_string(hide_password=True)
     except sa.exc.ArgumentError:
         return url
-
-
-def _migrate(url: str) -> str:
-    import sqlalchemy as sa
-
-    from cluster import migrate
-
-    engine = sa.create_engine(url)
-    try:
-        return migrate.upgrade(engine)
-    finally:
-        engine.dispose()
 
 
 def _run(members: list[_Member], url: str, revision: str, stop: _Stop) -> int:

@@ -24,7 +24,8 @@ Theory of operation
   flight (acks=all, in order); changes made meanwhile coalesce into the next write, which
   carries the state as it is then — the latest state wins, so a burst of joins costs two
   writes, not one per join. A join, heartbeat, leave or poll that changed the member's view
-  answers only once that view is durable (:meth:`Coordinator.durable`: one replicated append) — so after a failover the new coordinator resumes the members exactly as they were
+  answers only once that view is durable (:meth:`Coordinator.durable`: one replicated
+  append) — so after a failover the new coordinator resumes the members exactly as they were
   told, with deadlines restarted at load time. A member therefore sees one retriable error
   (the 421/503 while the coordinator moves) and keeps its member id, epoch and assignment.
   Not kept: fetch positions — a restored member reads on from its committed offsets (at least

@@ -136,13 +136,11 @@ class MetadataStore:
         self.writer = self.engine  # every write is one transaction on it
         if url.startswith("sqlite"):
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
-            # A deferred SQLite transaction that reads and then writes cannot wait for another
-            # writer (SQLITE_BUSY at once, "database is locked", whatever the busy timeout):
-            # writes take the write lock when they begin, so brokers starting together queue.
+            # Writes take the write lock when they begin, so brokers starting together queue
+            # for it instead of failing (reads stay deferred, on the first engine).
             self.writer = sa.create_engine(url, **kwargs)
             sa.event.listen(self.writer, "connect", _sqlite_pragmas)
-            sa.event.listen(self.writer, "connect", _sqlite_manual_transactions)
-            sa.event.listen(self.writer, "begin", _sqlite_begin_immediate)
+            migrate.begin_immediate(self.writer)
         migrate.upgrade(self.engine)
 
     def close(self) -> None:
@@ -643,14 +641,6 @@ def _bump_version(c: sa.Connection) -> None:
                 .where(name == METADATA_VERSION)
                 .values(value=counters_table.c.value + 1)
             )
-
-
-def _sqlite_manual_transactions(dbapi_conn: Any, _record: Any) -> None:
-    dbapi_conn.isolation_level = None  # pysqlite would BEGIN (deferred) on its own
-
-
-def _sqlite_begin_immediate(conn: sa.Connection) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 SQLITE_WAL_SWITCH_S = 30.0  # as long as the busy timeout of every other statement

@@ -67,13 +67,30 @@ def _sqlite_transactional(engine: sa.Engine) -> sa.Engine:
     Python's sqlite3 would otherwise run DDL outside any transaction, and two brokers starting
     together could both see an empty file and both create the tables."""
     own = sa.create_engine(engine.url, poolclass=sa.pool.NullPool)
+    begin_immediate(own)
+    return own
 
-    @sa.event.listens_for(own, "connect")
-    def _manual(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None
 
-    @sa.event.listens_for(own, "begin")
-    def _immediate(conn: sa.Connection) -> None:
+def begin_immediate(engine: sa.Engine) -> None:
+    """Make every transaction of a SQLite ``engine`` take the write lock when it begins
+    (``BEGIN IMMEDIATE``): a deferred one that reads, then writes, fails at once with
+    "database is locked" when another writer holds the lock, whatever the busy timeout;
+    an immediate one waits its turn."""
+
+    def manual(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # pysqlite would BEGIN (deferred) on its own
+
+    def immediate(conn: sa.Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
-    return own
+    sa.event.listen(engine, "connect", manual)
+    sa.event.listen(engine, "begin", immediate)
+
+
+def upgrade_url(url: str) -> tuple[str | None, str]:
+    """:func:`upgrade` the store at ``url``: (revision before, revision now)."""
+    engine = sa.create_engine(url)
+    try:
+        return current(engine), upgrade(engine)
+    finally:
+        engine.dispose()
