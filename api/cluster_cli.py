@@ -43,6 +43,8 @@ from types import FrameType
 
 import httpx
 
+from .process import free_port
+
 READY_TIMEOUT_S = 60.0  # a broker start (recovery of a large log included) must fit in this
 STOP_TIMEOUT_S = 30.0  # a graceful shutdown flushes and closes; past this, SIGKILL
 MAX_RESTARTS = 5  # per broker and run: more looks like a crash loop
@@ -141,13 +143,6 @@ def _port_taken(host: str, port: int) -> bool:
     return False
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _url_host(host: str) -> str:
     """The host name clients use: a wildcard bind is reached on loopback."""
     if host in ("0.0.0.0", ""):
@@ -190,7 +185,7 @@ def cluster_up(args: argparse.Namespace) -> int:
     else:
         ports = []
         while len(ports) < n:  # the kernel may hand the same ephemeral port out twice
-            if (p := _free_port(host)) not in ports:
+            if (p := free_port(host)) not in ports:
                 ports.append(p)
     try:
         data_dir.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,10 @@ import httpx
 STARTUP_TIMEOUT_S = 30.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel says is free on ``host`` now (IPv4 or IPv6)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
 
