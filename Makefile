@@ -47,7 +47,7 @@ typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
 test: $(TEST_STAMP) lint typecheck browser postgres
-	$(BIN)/pytest -m "not slow" -q
+	$(BIN)/pytest -m "not slow" -q --durations=30
 
 # The browser test (EventSource and WebSocket in headless Chromium) needs Debian's chromium;
 # without root or apt it skips and says why.
