@@ -7,6 +7,7 @@
     │   ├── InvalidCredentialsError        (parses, but unknown key, bad secret, bad signature)
     │   └── ExpiredCredentialsError        (a JWT or scoped token past its expiry)
     ├── InvalidAclError            INVALID_REQUEST              400
+    ├── InvalidTokenRequestError   INVALID_REQUEST              400  (a scoped token asked badly)
     ├── InvalidQuotaError          INVALID_CONFIG               400
     └── ThrottlingQuotaExceededError THROTTLING_QUOTA_EXCEEDED  429  (carries throttle_time_ms)
 
@@ -53,6 +54,12 @@ class ExpiredCredentialsError(AuthenticationError):
 
 class InvalidAclError(LogbusError):
     """An ACL that cannot be stored: unknown enum value, bad name or principal."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class InvalidTokenRequestError(LogbusError):
+    """A request for a scoped token with bad topics or lifetime."""
 
     code = ErrorCode.INVALID_REQUEST
 

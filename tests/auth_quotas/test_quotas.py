@@ -203,7 +203,7 @@ def simulate(
     return sent / ((duration_ms - warmup_ms) / 1000)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     limit=st.floats(1e3, 1e8),
     over=st.floats(1.25, 20.0),
@@ -220,7 +220,7 @@ def test_an_obedient_client_above_quota_converges_to_it(
     assert achieved == pytest.approx(limit, rel=0.15)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(limit=st.floats(5.0, 80.0), over=st.floats(1.25, 5.0))
 def test_request_time_share_converges_too(limit: float, over: float) -> None:
     """Requests of 10 ms handler time (1 percent-second each, ``size`` 1)."""
