@@ -39,6 +39,11 @@ half a thread (:func:`request_time_percent`). Its throttle is capped at one wind
 negative (it may drive it negative: one large request is never starved), and refused with
 ``THROTTLING_QUOTA_EXCEEDED`` and ``throttle = -tokens / rate`` once it is.
 
+*Per broker.* :class:`QuotaSensors` holds the sensors (bounded LRU, idle ones expire after an
+hour as in Kafka) and turns a :class:`Resolution` and a recorded value into a
+:class:`Throttle`, which renders the response fields (``Logbus-Throttle-Time-Ms``,
+``Retry-After``, and the IETF ``RateLimit``/``RateLimit-Policy`` draft fields).
+
 All of it takes ``now_ms`` from the caller: no clock is read here.
 """
 
@@ -46,11 +51,13 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from .errors import InvalidQuotaError, ThrottlingQuotaExceededError
+from .limits import MAX_QUOTA_SENSORS
 
 QUOTA_WINDOW_NUM_DEFAULT: Final = 11  # Kafka's quota.window.num
 QUOTA_WINDOW_SIZE_SECONDS_DEFAULT: Final = 1  # Kafka's quota.window.size.seconds
@@ -409,3 +416,106 @@ class TokenBucket:
         if rate <= 0:
             return self._config.throttle_cap_ms
         return round(-tokens / rate * 1000.0)
+
+
+# --- one broker's sensors and what a throttled response says --------------------------------
+
+SENSOR_IDLE_EXPIRY_MS: Final = 3_600_000  # Kafka's InactiveSensorExpirationTimeSeconds (1 h)
+# RateLimit quota units (draft-ietf-httpapi-ratelimit-headers); request time has none.
+_QUOTA_UNITS: Final = {
+    QuotaType.PRODUCER_BYTE_RATE: "content-bytes",
+    QuotaType.CONSUMER_BYTE_RATE: "content-bytes",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    """The outcome of recording one request against its quota.
+
+    ``remaining`` is how much more could be recorded now without a throttle (``inf`` without
+    a quota); ``window_ms`` the span the rate was measured over."""
+
+    quota_type: QuotaType
+    limit: float
+    throttle_time_ms: int
+    remaining: float
+    window_ms: int
+    sensor_key: tuple[str, str]
+
+    def headers(self, config: QuotaConfig = DEFAULT_CONFIG) -> dict[str, str]:
+        """Response fields: ``Logbus-Throttle-Time-Ms`` always; ``Retry-After`` (whole
+        seconds, rounded up) when throttled; for byte quotas the IETF draft's
+        ``RateLimit-Policy`` (quota ``q`` per window ``w`` of ``num - 1`` windows, the most one
+        response may carry) and ``RateLimit`` (remaining ``r``, seconds to wait ``t``)."""
+        out = {"Logbus-Throttle-Time-Ms": str(self.throttle_time_ms)}
+        if self.throttle_time_ms > 0:
+            out["Retry-After"] = str(-(-self.throttle_time_ms // 1000))
+        unit = _QUOTA_UNITS.get(self.quota_type)
+        if unit is not None and math.isfinite(self.limit):
+            name = self.quota_type.value
+            w = max((config.window_num - 1) * config.window_size_ms // 1000, 1)
+            q = int(self.limit * w)
+            r = max(0, min(q, int(self.remaining)))
+            t = -(-self.throttle_time_ms // 1000)
+            out["RateLimit-Policy"] = f'"{name}";q={q};qu="{unit}";w={w}'
+            out["RateLimit"] = f'"{name}";r={r};t={t}'
+        return out
+
+
+class QuotaSensors:
+    """Every measured rate of one broker, keyed by (quota type, sensor key).
+
+    Bounded: past ``max_sensors`` the least recently used sensor is dropped, and sensors idle
+    for ``idle_expiry_ms`` (Kafka: 1 h) are dropped as they reach the LRU head. Dropping a
+    sensor forgets that client's recent rate, which errs in the client's favour."""
+
+    def __init__(
+        self,
+        config: QuotaConfig = DEFAULT_CONFIG,
+        *,
+        max_sensors: int = MAX_QUOTA_SENSORS,
+        idle_expiry_ms: int = SENSOR_IDLE_EXPIRY_MS,
+    ) -> None:
+        self.config = config
+        self._max = max_sensors
+        self._idle_ms = idle_expiry_ms
+        self._sensors: OrderedDict[tuple[QuotaType, tuple[str, str]], tuple[RateSensor, int]] = (
+            OrderedDict()
+        )
+
+    def __len__(self) -> int:
+        return len(self._sensors)
+
+    def sensor(self, quota_type: QuotaType, key: tuple[str, str], now_ms: int) -> RateSensor:
+        entry = self._sensors.pop((quota_type, key), None)
+        sensor = RateSensor(self.config) if entry is None else entry[0]
+        self._sensors[(quota_type, key)] = (sensor, now_ms)
+        while self._sensors:
+            (_, (_, last_ms)) = next(iter(self._sensors.items()))
+            if len(self._sensors) <= self._max and now_ms - last_ms < self._idle_ms:
+                break
+            self._sensors.popitem(last=False)
+        return sensor
+
+    def record(
+        self, quota_type: QuotaType, resolution: Resolution, value: float, now_ms: int
+    ) -> Throttle:
+        """Record ``value`` (bytes; for ``request_percentage`` handler nanoseconds) for the
+        caller ``resolution`` describes and say how long to delay its response."""
+        sensor = self.sensor(quota_type, resolution.sensor_key, now_ms)
+        limit = resolution.limit
+        if quota_type is QuotaType.REQUEST_PERCENTAGE:
+            throttle = sensor.record_request_time(int(value), now_ms, limit)
+        else:
+            throttle = sensor.record(value, now_ms, limit)
+        window_ms = sensor.rate.window_ms(now_ms)
+        remaining = (
+            math.inf
+            if math.isinf(limit)
+            else max(limit * window_ms / 1000 - sensor.rate.total(now_ms), 0.0)
+        )
+        return Throttle(quota_type, limit, throttle, remaining, window_ms, resolution.sensor_key)
+
+    def rates(self, now_ms: int) -> dict[tuple[QuotaType, tuple[str, str]], float]:
+        """The current rate of every sensor (for ``/metrics``)."""
+        return {k: s.measure(now_ms) for k, (s, _) in self._sensors.items()}

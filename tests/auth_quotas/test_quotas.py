@@ -16,6 +16,7 @@ from auth_quotas.quotas import (
     MutationDecision,
     QuotaConfig,
     QuotaEntity,
+    QuotaSensors,
     QuotaType,
     RateSensor,
     SampledRate,
@@ -292,3 +293,49 @@ def test_token_bucket_never_admits_more_than_burst_plus_refill_plus_one_request(
         if bucket.acquire(permits, now, rate).accepted:
             admitted += permits
     assert admitted <= bucket.burst(rate) + rate * now / 1000 + 20 + 1e-6
+
+
+# --- sensors and response fields -------------------------------------------------------------
+
+
+def test_sensors_share_by_resolution_key_and_render_headers() -> None:
+    configs = {E("alice"): {P: 1000.0}}
+    sensors = QuotaSensors()
+    a = resolve(configs, P, "alice", "app-1")
+    b = resolve(configs, P, "alice", "app-2")
+    assert a.sensor_key == b.sensor_key == ("alice", "")
+    first = sensors.record(P, a, 6000, now_ms=0)
+    assert first.throttle_time_ms == 0 and first.remaining == pytest.approx(4000)
+    assert first.headers() == {
+        "Logbus-Throttle-Time-Ms": "0",
+        "RateLimit-Policy": '"producer_byte_rate";q=10000;qu="content-bytes";w=10',
+        "RateLimit": '"producer_byte_rate";r=4000;t=0',
+    }
+    second = sensors.record(P, b, 6000, now_ms=0)  # the same user's other client: shared
+    assert second.throttle_time_ms == 2000  # (1200 - 1000) / 1000 * 10 s
+    headers = second.headers()
+    assert headers["Retry-After"] == "2" and headers["Logbus-Throttle-Time-Ms"] == "2000"
+    assert headers["RateLimit"] == '"producer_byte_rate";r=0;t=2'
+    assert len(sensors) == 1
+
+
+def test_unlimited_and_request_time_records() -> None:
+    sensors = QuotaSensors()
+    free = sensors.record(C, resolve({}, C, "bob", "x"), 10**9, now_ms=0)
+    assert free.throttle_time_ms == 0 and free.remaining == math.inf
+    assert free.headers() == {"Logbus-Throttle-Time-Ms": "0"}
+    R = QuotaType.REQUEST_PERCENTAGE
+    busy = sensors.record(R, resolve({E("bob"): {R: 10.0}}, R, "bob", "x"), 5e9, now_ms=0)
+    assert busy.throttle_time_ms == 1000  # capped at one window
+    assert "RateLimit" not in busy.headers() and busy.headers()["Retry-After"] == "1"
+    assert set(sensors.rates(0)) == {(C, ("", "x")), (R, ("bob", ""))}
+
+
+def test_sensors_are_bounded_and_expire_when_idle() -> None:
+    sensors = QuotaSensors(max_sensors=3, idle_expiry_ms=1000)
+    for i in range(5):
+        sensors.record(P, resolve({}, P, "u", f"c{i}"), 1, now_ms=i)
+    assert len(sensors) == 3
+    assert {k[1][1] for k in sensors.rates(10)} == {"c2", "c3", "c4"}
+    sensors.record(P, resolve({}, P, "u", "late"), 1, now_ms=5000)
+    assert len(sensors) == 1
