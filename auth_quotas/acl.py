@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,11 +128,6 @@ class Acl:
             return False
         implied = _IMPLIED_BY.get(operation)
         return implied is not None and self.operation in implied
-
-    def matches_name(self, name: str) -> bool:
-        if self.pattern is PatternType.PREFIXED:
-            return name.startswith(self.name)
-        return self.name == name or self.name == WILDCARD
 
 
 def principal_for(user: str) -> str:
@@ -339,7 +335,7 @@ def authorize(
     operation: Operation,
     resource: Resource,
     acls: AclSet,
-    super_users: frozenset[str] | set[str] = frozenset(),
+    super_users: AbstractSet[str] = frozenset(),
     *,
     allow_everyone_if_no_acl_found: bool = False,
 ) -> Decision:
@@ -372,7 +368,7 @@ def describable(
     resource_type: ResourceType,
     names: Iterable[str],
     acls: AclSet,
-    super_users: frozenset[str] | set[str] = frozenset(),
+    super_users: AbstractSet[str] = frozenset(),
     *,
     allow_everyone_if_no_acl_found: bool = False,
 ) -> list[str]:

@@ -84,14 +84,18 @@ class ThrottlingQuotaExceededError(LogbusError):
         self.throttle_time_ms = throttle_time_ms
 
 
-def www_authenticate(error: AuthenticationError, realm: str = "logbus") -> str:
+def www_authenticate(
+    error: AuthenticationError, realm: str = "logbus", *, basic: bool = True
+) -> str:
     """The ``WWW-Authenticate`` value for a 401: a Bearer challenge (RFC 6750) naming the error
-    when a credential was presented, and a Basic challenge (RFC 7617) for tools that speak only
-    Basic. A missing credential gets no ``error`` parameter, as RFC 6750 §3.1 asks."""
+    when a credential was presented, and (``basic``) a Basic challenge (RFC 7617) for tools
+    that speak only Basic. A missing credential gets no ``error`` parameter (RFC 6750 §3.1).
+    A browser answers a Basic challenge with a login prompt on navigation; pass
+    ``basic=False`` where that is unwanted."""
     bearer = f'Bearer realm="{realm}"'
     if not isinstance(error, MissingCredentialsError):
         kind = (
             "invalid_request" if isinstance(error, MalformedCredentialsError) else "invalid_token"
         )
         bearer += f', error="{kind}"'
-    return f'{bearer}, Basic realm="{realm}", charset="UTF-8"'
+    return f'{bearer}, Basic realm="{realm}", charset="UTF-8"' if basic else bearer

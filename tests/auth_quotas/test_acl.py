@@ -283,7 +283,7 @@ ACLS = st.builds(
 QUERY_NAMES = ["a", "b", "ab", "ba", "abc", "cab", "aaaa"]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     acls=st.lists(ACLS, max_size=25),
     supers=st.sets(st.sampled_from(["User:alice", "User:dave"]), max_size=1),
@@ -303,8 +303,8 @@ def test_index_agrees_with_reference(acls: list[Acl], supers: set[str]) -> None:
                     assert decision.allowed is expected, (principal, op, resource)
 
 
-@settings(max_examples=40, deadline=None)
-@given(acls=st.lists(ACLS, max_size=25), extra=ACLS, name=NAMES)
+@settings(max_examples=25, deadline=None)
+@given(acls=st.lists(ACLS, max_size=20), extra=ACLS, name=NAMES)
 def test_adding_a_deny_never_allows_more_and_an_allow_never_denies_more(
     acls: list[Acl], extra: Acl, name: str
 ) -> None:

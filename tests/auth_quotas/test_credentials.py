@@ -480,3 +480,10 @@ def test_certificate_subject_to_user() -> None:
         user_from_peercert({})
     with pytest.raises(InvalidCredentialsError):
         user_from_peercert({"subject": ((("organizationName", "x"),),)}, rule="cn")
+
+
+def test_www_authenticate_without_basic() -> None:
+    assert www_authenticate(MissingCredentialsError("x"), basic=False) == 'Bearer realm="logbus"'
+    assert www_authenticate(ExpiredCredentialsError("x"), "r", basic=False) == (
+        'Bearer realm="r", error="invalid_token"'
+    )
