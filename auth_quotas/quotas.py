@@ -14,7 +14,8 @@ set falls through to lower levels for ``producer_byte_rate``)::
 The level also decides who *shares* the measured rate (Kafka's metric tags): a named
 ``user`` quota (3) is shared by all that user's clients, while a ``<default>`` part is a
 template instantiated per concrete user or client id. :class:`Resolution.sensor_key` is that
-sharing key; the wiring keeps one sensor per key.
+sharing key; the wiring keeps one sensor per key. :class:`QuotaTable` is an immutable snapshot
+of all configured quotas that memoises resolutions (one dict lookup per request).
 
 *Measuring.* :class:`SampledRate` is Kafka's ``Rate`` over a ``WindowedSum``: values are
 added to the current of ``quota.window.num`` (11) samples of ``quota.window.size.seconds``
@@ -234,6 +235,50 @@ def resolve(
     return Resolution(math.inf, None, 9, ("", client_id))
 
 
+class QuotaTable:
+    """An immutable snapshot of every configured quota, with memoised resolution.
+
+    :func:`resolve` costs up to 8 entity lookups; a broker asks once per request and quota
+    type, so the table remembers answers (bounded; the snapshot never changes, so a memo is
+    never stale). A quota change builds a new table (:meth:`set`, :meth:`delete`) that the
+    wiring swaps in: the next request sees it."""
+
+    __slots__ = ("_configs", "_memo")
+
+    def __init__(self, configs: Mapping[QuotaEntity, Mapping[QuotaType, float]] = {}) -> None:
+        self._configs: dict[QuotaEntity, dict[QuotaType, float]] = {
+            e: dict(q) for e, q in configs.items() if q
+        }
+        self._memo: dict[tuple[QuotaType, str, str], Resolution] = {}
+
+    def __len__(self) -> int:
+        return len(self._configs)
+
+    def items(self) -> list[tuple[QuotaEntity, dict[QuotaType, float]]]:
+        return [(e, dict(q)) for e, q in self._configs.items()]
+
+    def get(self, entity: QuotaEntity) -> dict[QuotaType, float]:
+        return dict(self._configs.get(entity, {}))
+
+    def set(self, entity: QuotaEntity, quotas: Mapping[QuotaType, float]) -> QuotaTable:
+        """A table with ``entity``'s quotas updated (merged: unnamed types stay)."""
+        return QuotaTable({**self._configs, entity: {**self._configs.get(entity, {}), **quotas}})
+
+    def delete(self, entity: QuotaEntity, *types: QuotaType) -> QuotaTable:
+        """A table without ``entity``'s quotas of ``types`` (all of them when none named)."""
+        kept = {t: v for t, v in self._configs.get(entity, {}).items() if types and t not in types}
+        return QuotaTable({**self._configs, entity: kept})
+
+    def resolve(self, quota_type: QuotaType, user: str, client_id: str) -> Resolution:
+        key = (quota_type, user, client_id)
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) >= MAX_QUOTA_SENSORS:
+                self._memo.clear()
+            hit = self._memo[key] = resolve(self._configs, quota_type, user, client_id)
+        return hit
+
+
 # --- measuring --------------------------------------------------------------------------------
 
 
@@ -257,13 +302,6 @@ class SampledRate:
         self._samples: list[_Sample] = []
         self._current = 0
 
-    def _purge(self, now_ms: int) -> None:
-        expire_ms = self._config.window_num * self._config.window_size_ms
-        for s in self._samples:
-            if now_ms - s.last_ms >= expire_ms:
-                s.start_ms = s.last_ms = now_ms
-                s.value = 0.0
-
     def record(self, value: float, now_ms: int) -> None:
         if not self._samples:
             self._samples.append(_Sample(now_ms, now_ms))
@@ -281,25 +319,37 @@ class SampledRate:
         sample.value += value
         sample.last_ms = now_ms
 
-    def window_ms(self, now_ms: int) -> int:
-        """The span the rate divides by: elapsed since the oldest live sample, at least
-        ``window_num - 1`` full windows plus the current part, and at least 1 ms."""
-        self._purge(now_ms)
-        oldest = min((s.start_ms for s in self._samples), default=now_ms)
+    def snapshot(self, now_ms: int) -> tuple[float, int]:
+        """(sum of live samples, the span the rate divides by) in one pass: the span is the
+        time since the oldest live sample, at least ``window_num - 1`` full windows plus the
+        current part, and at least 1 ms."""
+        expire_ms = self._config.window_num * self._config.window_size_ms
+        total = 0.0
+        oldest = now_ms
+        for s in self._samples:
+            if now_ms - s.last_ms >= expire_ms:  # purge: no event within the whole window
+                s.start_ms = s.last_ms = now_ms
+                s.value = 0.0
+            total += s.value
+            if s.start_ms < oldest:
+                oldest = s.start_ms
         elapsed = now_ms - oldest
         size = self._config.window_size_ms
         full = elapsed // size
         if full < self._config.window_num - 1:
             elapsed += (self._config.window_num - 1 - full) * size
-        return max(elapsed, 1)
+        return total, max(elapsed, 1)
+
+    def window_ms(self, now_ms: int) -> int:
+        return self.snapshot(now_ms)[1]
 
     def total(self, now_ms: int) -> float:
-        self._purge(now_ms)
-        return sum(s.value for s in self._samples)
+        return self.snapshot(now_ms)[0]
 
     def measure(self, now_ms: int) -> float:
         """The rate per second at ``now_ms``."""
-        return self.total(now_ms) * 1000.0 / self.window_ms(now_ms)
+        total, window_ms = self.snapshot(now_ms)
+        return total * 1000.0 / window_ms
 
 
 def throttle_time_ms(observed: float, limit: float, window_ms: int, cap_ms: int) -> int:
@@ -326,12 +376,19 @@ class RateSensor:
     def record(self, value: float, now_ms: int, limit: float, cap_ms: int | None = None) -> int:
         """Record ``value`` (bytes, or percent-seconds) and return the throttle time in ms
         (0 when within quota). ``cap_ms`` overrides the config's cap (request time: 1 window)."""
+        return self.observe(value, now_ms, limit, cap_ms)[0]
+
+    def observe(
+        self, value: float, now_ms: int, limit: float, cap_ms: int | None = None
+    ) -> tuple[int, float, int]:
+        """:meth:`record`, also returning the window's total and span for the caller's
+        ``remaining`` (one pass over the samples per request)."""
         self.rate.record(value, now_ms)
+        total, window_ms = self.rate.snapshot(now_ms)
         if math.isinf(limit):
-            return 0
-        observed = self.rate.measure(now_ms)
+            return 0, total, window_ms
         cap = self.config.throttle_cap_ms if cap_ms is None else cap_ms
-        return throttle_time_ms(observed, limit, self.rate.window_ms(now_ms), cap)
+        return throttle_time_ms(total * 1000.0 / window_ms, limit, window_ms, cap), total, window_ms
 
     def record_request_time(self, handler_ns: int, now_ms: int, limit_percent: float) -> int:
         """``request_percentage``: record handler time; the throttle is capped at one window."""
@@ -505,15 +562,12 @@ class QuotaSensors:
         sensor = self.sensor(quota_type, resolution.sensor_key, now_ms)
         limit = resolution.limit
         if quota_type is QuotaType.REQUEST_PERCENTAGE:
-            throttle = sensor.record_request_time(int(value), now_ms, limit)
+            value = request_time_percent(int(value))
+            cap_ms: int | None = self.config.window_size_ms
         else:
-            throttle = sensor.record(value, now_ms, limit)
-        window_ms = sensor.rate.window_ms(now_ms)
-        remaining = (
-            math.inf
-            if math.isinf(limit)
-            else max(limit * window_ms / 1000 - sensor.rate.total(now_ms), 0.0)
-        )
+            cap_ms = None
+        throttle, total, window_ms = sensor.observe(value, now_ms, limit, cap_ms)
+        remaining = math.inf if math.isinf(limit) else max(limit * window_ms / 1000 - total, 0.0)
         return Throttle(quota_type, limit, throttle, remaining, window_ms, resolution.sensor_key)
 
     def rates(self, now_ms: int) -> dict[tuple[QuotaType, tuple[str, str]], float]:

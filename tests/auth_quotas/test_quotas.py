@@ -17,6 +17,7 @@ from auth_quotas.quotas import (
     QuotaConfig,
     QuotaEntity,
     QuotaSensors,
+    QuotaTable,
     QuotaType,
     RateSensor,
     SampledRate,
@@ -339,3 +340,22 @@ def test_sensors_are_bounded_and_expire_when_idle() -> None:
     assert {k[1][1] for k in sensors.rates(10)} == {"c2", "c3", "c4"}
     sensors.record(P, resolve({}, P, "u", "late"), 1, now_ms=5000)
     assert len(sensors) == 1
+
+
+def test_quota_table_memoises_and_changes_by_copy() -> None:
+    table = QuotaTable(ALL_LEVELS)
+    for configs, user, client, level, key in PRECEDENCE:
+        if configs is ALL_LEVELS:
+            r = table.resolve(P, user, client)
+            assert (r.level, r.sensor_key) == (level, key)
+            assert table.resolve(P, user, client) is r  # memoised
+    changed = table.set(E("alice", "app"), {C: 5.0})
+    assert changed.get(E("alice", "app")) == {P: 1.0, C: 5.0}
+    assert table.get(E("alice", "app")) == {P: 1.0}  # the old snapshot is untouched
+    assert changed.resolve(C, "alice", "app").limit == 5.0
+    assert table.resolve(C, "alice", "app").limit == math.inf
+    partly = changed.delete(E("alice", "app"), C)
+    assert partly.get(E("alice", "app")) == {P: 1.0}
+    gone = changed.delete(E("alice", "app"))
+    assert gone.resolve(P, "alice", "app").level == 2 and len(gone) == len(table) - 1
+    assert dict(QuotaTable().items()) == {}
