@@ -167,10 +167,19 @@ def _digest(token: str) -> bytes:
 class ApiKeyVerifier:
     """Verifies API keys against stored hashes, remembering successes (see the module doc).
 
-    Two steps so the caller can fetch the stored key (and run argon2 in a thread) itself:
-    :meth:`cached` answers from memory or ``None``; :meth:`verify_stored` checks the hash.
-    Capture :attr:`epoch` before reading the store and pass it on: a revocation that lands
-    between the read and the hash check then cannot leave a stale entry behind."""
+    Steps, so the async caller fetches the stored key and runs argon2 off the event loop:
+    :meth:`cached` answers from memory or ``None``; :meth:`check` compares the hash (thread-
+    safe, no cache access); :meth:`remember` caches the result. Capture :attr:`epoch` before
+    reading the store and pass it to :meth:`remember`: a revocation that lands between the
+    read and the hash check then cannot leave a stale entry behind. Cache methods are not
+    thread-safe: call them on the event loop.
+
+        identity = verifier.cached(token, now_ms)
+        if identity is None:
+            epoch = verifier.epoch
+            stored = await store.api_key(parse_api_key(token))
+            identity = await asyncio.to_thread(verifier.check, token, stored)
+            verifier.remember(token, identity, now_ms, epoch=epoch)"""
 
     def __init__(
         self,
@@ -202,10 +211,9 @@ class ApiKeyVerifier:
         self._cache.move_to_end(digest)
         return Identity(hit.user, "api_key", hit.key_id)
 
-    def verify_stored(
-        self, token: str, stored: StoredKey | None, now_ms: int, *, epoch: int | None = None
-    ) -> Identity:
-        """Check ``token`` against its stored hash (``None``: unknown or revoked key).
+    def check(self, token: str, stored: StoredKey | None) -> Identity:
+        """Check ``token`` against its stored hash (``None``: unknown or revoked key) without
+        touching the cache, so it may run in a worker thread (argon2 takes ~0.1 s).
 
         Raises :class:`MalformedCredentialsError` or :class:`InvalidCredentialsError`; the
         message never says whether the key id exists."""
@@ -216,9 +224,21 @@ class ApiKeyVerifier:
             self._hasher.verify(stored.hash, token)
         except (VerifyMismatchError, VerificationError, InvalidHashError):
             raise InvalidCredentialsError("unknown or revoked API key") from None
-        if epoch is None or epoch == self.epoch:
-            self._remember(_digest(token), _Verified(key_id, stored.user, now_ms))
         return Identity(stored.user, "api_key", key_id)
+
+    def remember(self, token: str, identity: Identity, now_ms: int, *, epoch: int) -> None:
+        """Cache a verification :meth:`check` made, unless a revocation happened since
+        ``epoch`` (read before the store was asked) — on the event loop, not in a thread."""
+        if epoch == self.epoch and identity.key_id is not None:
+            self._remember(_digest(token), _Verified(identity.key_id, identity.user, now_ms))
+
+    def verify_stored(
+        self, token: str, stored: StoredKey | None, now_ms: int, *, epoch: int | None = None
+    ) -> Identity:
+        """:meth:`check` then :meth:`remember` (``epoch`` ``None``: the current one)."""
+        identity = self.check(token, stored)
+        self.remember(token, identity, now_ms, epoch=self.epoch if epoch is None else epoch)
+        return identity
 
     def verify(
         self, token: str, lookup: Callable[[str], StoredKey | None], now_ms: int

@@ -161,6 +161,15 @@ def test_revocation_during_verification_leaves_no_stale_entry() -> None:
     verifier.invalidate(key_id)  # lands while the (threaded) hash check runs
     verifier.verify_stored(token, stored, 0, epoch=epoch)
     assert verifier.cached(token, 1) is None
+    # the same with the split steps the async wiring uses
+    epoch = verifier.epoch
+    identity = verifier.check(token, stored)  # would run in a worker thread
+    assert len(verifier) == 0  # check never touches the cache
+    verifier.invalidate(key_id)
+    verifier.remember(token, identity, 0, epoch=epoch)
+    assert verifier.cached(token, 1) is None
+    verifier.remember(token, identity, 0, epoch=verifier.epoch)
+    assert verifier.cached(token, 1) == identity
 
 
 def test_cache_is_bounded_expires_and_forgets_users() -> None:
