@@ -38,6 +38,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
+from core_log.errors import ErrorCode, LogbusError
+
 from .errors import InvalidAclError
 from .limits import MAX_ACLS, MAX_PRINCIPAL_CHARS, MAX_RESOURCE_NAME_CHARS
 
@@ -361,6 +363,27 @@ def authorize(
     if allow_everyone_if_no_acl_found and not any_for_resource:
         return _NO_ACLS_ALLOWED
     return _NO_MATCH
+
+
+_DENIED: dict[ResourceType, ErrorCode] = {
+    ResourceType.TOPIC: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+    ResourceType.GROUP: ErrorCode.GROUP_AUTHORIZATION_FAILED,
+    ResourceType.CLUSTER: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+    ResourceType.TRANSACTIONAL_ID: ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+}
+
+
+def authorization_error(operation: Operation, resource: Resource) -> LogbusError:
+    """The 403 a denied request gets, with Kafka's code for the resource type
+    (``TOPIC_AUTHORIZATION_FAILED`` ...). Routes that hide unauthorised topics answer
+    ``UNKNOWN_TOPIC_OR_PARTITION`` instead, as Kafka does for describe."""
+    return LogbusError(
+        f"not authorized to {operation.value} {resource.type.value} {resource.name!r}",
+        code=_DENIED[resource.type],
+        resource_type=resource.type.value,
+        resource_name=resource.name,
+        operation=operation.value,
+    )
 
 
 def describable(

@@ -11,8 +11,9 @@
     ├── InvalidQuotaError          INVALID_CONFIG               400
     └── ThrottlingQuotaExceededError THROTTLING_QUOTA_EXCEEDED  429  (carries throttle_time_ms)
 
-Authorization failures are not here: the route knows which of TOPIC_/GROUP_/CLUSTER_
-AUTHORIZATION_FAILED (403) to raise, or whether to answer as if the resource were missing.
+Authorization failures are plain ``LogbusError``s with Kafka's TOPIC_/GROUP_/CLUSTER_/
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED codes (403), built by ``acl.authorization_error``; the
+route decides whether to raise one or answer as if the resource were missing.
 Messages of authentication errors name what was wrong with the input, never a secret.
 """
 

@@ -20,6 +20,7 @@ from auth_quotas.acl import (
     Reason,
     Resource,
     ResourceType,
+    authorization_error,
     authorize,
     describable,
     parse_acl,
@@ -339,3 +340,20 @@ def test_a_decision_against_hundreds_of_acls_is_microseconds() -> None:
 
     assert authorize("User:u7", Op.READ, topic("t7"), big).allowed
     assert cost(big) < cost(small) * 5
+
+
+@pytest.mark.parametrize(
+    ("rtype", "code"),
+    [
+        (T, ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+        (G, ErrorCode.GROUP_AUTHORIZATION_FAILED),
+        (ResourceType.CLUSTER, ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+        (TX, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+    ],
+)
+def test_authorization_errors_carry_kafkas_code_and_403(
+    rtype: ResourceType, code: ErrorCode
+) -> None:
+    error = authorization_error(Op.WRITE, Resource(rtype, "x"))
+    assert error.code is code and error.http_status == 403 and not error.retriable
+    assert error.detail["resource_name"] == "x" and "write" in error.message
