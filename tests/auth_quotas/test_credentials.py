@@ -5,6 +5,8 @@ and client-certificate subjects. argon2 runs with test-cheap parameters."""
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import random
 import time
 from collections.abc import Callable
@@ -438,9 +440,6 @@ def test_algorithm_confusion_with_the_public_key_as_hmac_secret_fails() -> None:
     )
     header = base64.urlsafe_b64encode(b'{"alg":"HS256","kid":"r1","typ":"JWT"}').rstrip(b"=")
     body = base64.urlsafe_b64encode(orjson.dumps(claims())).rstrip(b"=")
-    import hashlib
-    import hmac
-
     signed = header + b"." + body
     mac = base64.urlsafe_b64encode(hmac.new(pem, signed, hashlib.sha256).digest()).rstrip(b"=")
     with pytest.raises(InvalidCredentialsError, match="algorithm"):
