@@ -68,7 +68,9 @@ class ErrorCode(enum.Enum):
     INVALID_PRODUCER_EPOCH = (47, False, 409)
     TOPIC_ALREADY_EXISTS = (36, False, 409)
     INVALID_CONFIG = (40, False, 400)
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = (53, False, 403)
     KAFKA_STORAGE_ERROR = (56, True, 503)
+    SASL_AUTHENTICATION_FAILED = (58, False, 401)  # a missing, malformed or bad credential
     FENCED_LEADER_EPOCH = (74, True, 409)
     UNKNOWN_LEADER_EPOCH = (75, True, 409)
     UNSUPPORTED_COMPRESSION_TYPE = (76, False, 415)

@@ -1,0 +1,575 @@
+"""Client quota arithmetic (Kafka's KIP-13, KIP-124, KIP-219, KIP-599), sans-I/O.
+
+Theory of operation
+-------------------
+*Which quota applies.* Quotas are configured per entity: a user, a client id, or both, where
+either part may be the *default* (``<default>``). :func:`resolve` walks Kafka's eight levels,
+most specific first, separately for each quota type (a user with only ``consumer_byte_rate``
+set falls through to lower levels for ``producer_byte_rate``)::
+
+    1 user + client id      2 user + <default> client   3 user
+    4 <default> user + client id    5 <default> user + <default> client   6 <default> user
+    7 client id             8 <default> client id
+
+The level also decides who *shares* the measured rate (Kafka's metric tags): a named
+``user`` quota (3) is shared by all that user's clients, while a ``<default>`` part is a
+template instantiated per concrete user or client id. :class:`Resolution.sensor_key` is that
+sharing key; the wiring keeps one sensor per key. :class:`QuotaTable` is an immutable snapshot
+of all configured quotas that memoises resolutions (one dict lookup per request).
+
+*Measuring.* :class:`SampledRate` is Kafka's ``Rate`` over a ``WindowedSum``: values are
+added to the current of ``quota.window.num`` (11) samples of ``quota.window.size.seconds``
+(1 s); the rate is the sum over live samples divided by the elapsed span, which counts at least
+``num - 1`` full windows (10 s) so a client's first second does not read as a burst of 10x.
+
+*Throttling.* When the observed rate O exceeds the quota T, the response is delayed by the
+time X that brings the average back to T if nothing more arrives: ``O*W / (W + X) = T``, so
+``X = (O - T) / T * W``, with W the span the rate was measured over (10-11 s by default).
+Kafka does not cap the byte-rate delay and caps the request-time delay at one window (1 s);
+Logbus caps both (:attr:`QuotaConfig.max_throttle_ms`, default one full measurement span,
+11 s) so an HTTP client is never held past the point the measurement can justify. A client
+that obeys the delay converges to T (see the tests: within ±15 % in simulated time).
+
+*Request time.* ``request_percentage`` is a share of one handler thread: a request that kept
+the handler busy for n ns records ``n * 100 / 1e9`` "percent-seconds", so a rate of 50 means
+half a thread (:func:`request_time_percent`). Its throttle is capped at one window (Kafka).
+
+*Mutations (KIP-599).* Topic creation/deletion and partition increases draw from a
+:class:`TokenBucket` refilled at ``controller_mutation_rate`` per second with a burst of
+``rate * num * window_s`` tokens. In strict mode a request is accepted while the bucket is not
+negative (it may drive it negative: one large request is never starved), and refused with
+``THROTTLING_QUOTA_EXCEEDED`` and ``throttle = -tokens / rate`` once it is.
+
+*Per broker.* :class:`QuotaSensors` holds the sensors (bounded LRU, idle ones expire after an
+hour as in Kafka) and turns a :class:`Resolution` and a recorded value into a
+:class:`Throttle`, which renders the response fields (``Logbus-Throttle-Time-Ms``,
+``Retry-After``, and the IETF ``RateLimit``/``RateLimit-Policy`` draft fields).
+
+All of it takes ``now_ms`` from the caller: no clock is read here.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from .errors import InvalidQuotaError, ThrottlingQuotaExceededError
+from .limits import MAX_QUOTA_SENSORS
+
+QUOTA_WINDOW_NUM_DEFAULT: Final = 11  # Kafka's quota.window.num
+QUOTA_WINDOW_SIZE_SECONDS_DEFAULT: Final = 1  # Kafka's quota.window.size.seconds
+
+
+class QuotaType(enum.StrEnum):
+    """The quota configs, with Kafka's names (units: bytes/s, bytes/s, %, mutations/s)."""
+
+    PRODUCER_BYTE_RATE = "producer_byte_rate"
+    CONSUMER_BYTE_RATE = "consumer_byte_rate"
+    REQUEST_PERCENTAGE = "request_percentage"
+    CONTROLLER_MUTATION_RATE = "controller_mutation_rate"
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaConfig:
+    """Sample windows and the throttle cap. ``max_throttle_ms`` ``None`` means one full
+    measurement span (``window_num * window_size_ms``)."""
+
+    window_num: int = QUOTA_WINDOW_NUM_DEFAULT
+    window_size_ms: int = QUOTA_WINDOW_SIZE_SECONDS_DEFAULT * 1000
+    max_throttle_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.window_num < 1 or self.window_size_ms < 1:
+            raise InvalidQuotaError("quota.window.num and quota.window.size.seconds must be >= 1")
+
+    @property
+    def throttle_cap_ms(self) -> int:
+        if self.max_throttle_ms is not None:
+            return self.max_throttle_ms
+        return self.window_num * self.window_size_ms
+
+
+DEFAULT_CONFIG: Final = QuotaConfig()
+
+
+# --- entities and precedence -------------------------------------------------------------------
+
+
+class _Default(enum.Enum):
+    DEFAULT = "<default>"
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Final = _Default.DEFAULT
+"""The ``<default>`` user or client id of a quota entity."""
+
+EntityPart = str | Literal[_Default.DEFAULT] | None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaEntity:
+    """Who a quota is configured for: ``user`` and/or ``client_id``, each a name, ``DEFAULT``
+    or absent (``None``). At least one part is present."""
+
+    user: EntityPart = None
+    client_id: EntityPart = None
+
+    def __post_init__(self) -> None:
+        if self.user is None and self.client_id is None:
+            raise InvalidQuotaError("a quota entity names a user, a client id, or both")
+        for part in (self.user, self.client_id):
+            if isinstance(part, str) and not part:
+                raise InvalidQuotaError("a quota entity's user or client id cannot be empty")
+
+    def to_dict(self) -> dict[str, str | None]:
+        """``{"user": "alice"}``; a default part is ``null`` (Kafka's AlterClientQuotas)."""
+        out: dict[str, str | None] = {}
+        if self.user is not None:
+            out["user"] = None if self.user is DEFAULT else self.user
+        if self.client_id is not None:
+            out["client_id"] = None if self.client_id is DEFAULT else self.client_id
+        return out
+
+    @staticmethod
+    def from_dict(data: Mapping[str, object]) -> QuotaEntity:
+        """The inverse of :meth:`to_dict`; ``null`` (or ``"<default>"``) is the default."""
+        if not isinstance(data, Mapping) or not data:
+            raise InvalidQuotaError("entity: an object with 'user' and/or 'client_id'")
+        unknown = set(data) - {"user", "client_id"}
+        if unknown:
+            raise InvalidQuotaError(f"entity: unknown field(s): {', '.join(sorted(unknown))}")
+
+        def part(key: str) -> EntityPart:
+            if key not in data:
+                return None
+            value = data[key]
+            if value is None or value == DEFAULT.value:
+                return DEFAULT
+            if not isinstance(value, str) or not value or len(value) > 255:
+                raise InvalidQuotaError(f"entity.{key}: a name of 1..255 characters, or null")
+            return value
+
+        return QuotaEntity(part("user"), part("client_id"))
+
+
+def validate_quotas(data: Mapping[str, object]) -> dict[QuotaType, float]:
+    """Quota values from API input: known keys, finite numbers ``>= 0`` (a rate of 0 blocks
+    the entity: everything it sends is over quota); raises :class:`InvalidQuotaError`."""
+    if not isinstance(data, Mapping):
+        raise InvalidQuotaError("quotas: an object of quota name -> number")
+    out: dict[QuotaType, float] = {}
+    names = [q.value for q in QuotaType]
+    for key, value in data.items():
+        if key not in names:
+            raise InvalidQuotaError(f"quotas: unknown quota {key!r}; one of {'|'.join(names)}")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidQuotaError(f"quotas.{key}: a finite number >= 0")
+        number = float(value)
+        if not math.isfinite(number) or number < 0:
+            raise InvalidQuotaError(f"quotas.{key}: a finite number >= 0")
+        out[QuotaType(key)] = number
+    return out
+
+
+_Slot = Literal["name", "default", "absent"]
+
+# Kafka's order: (user part, client-id part, sensor keyed by user, sensor keyed by client id).
+_LEVELS: Final[tuple[tuple[_Slot, _Slot, bool, bool], ...]] = (
+    ("name", "name", True, True),  # 1 /config/users/<user>/clients/<client-id>
+    ("name", "default", True, True),  # 2 /config/users/<user>/clients/<default>
+    ("name", "absent", True, False),  # 3 /config/users/<user>
+    ("default", "name", True, True),  # 4 /config/users/<default>/clients/<client-id>
+    ("default", "default", True, True),  # 5 /config/users/<default>/clients/<default>
+    ("default", "absent", True, False),  # 6 /config/users/<default>
+    ("absent", "name", False, True),  # 7 /config/clients/<client-id>
+    ("absent", "default", False, True),  # 8 /config/clients/<default>
+)
+
+
+def _part(slot: _Slot, name: str) -> EntityPart:
+    if slot == "name":
+        return name
+    return DEFAULT if slot == "default" else None
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """The quota that applies: the configured entity it came from (``None``: no quota, the
+    limit is ``inf``), its level 1..8 (9: none), and the key of the sensor that measures it.
+
+    ``sensor_key`` is (user or "", client id or ""), Kafka's metric tags: callers with equal
+    keys share one measured rate."""
+
+    limit: float
+    entity: QuotaEntity | None
+    level: int
+    sensor_key: tuple[str, str]
+
+
+def resolve(
+    configs: Mapping[QuotaEntity, Mapping[QuotaType, float]],
+    quota_type: QuotaType,
+    user: str,
+    client_id: str,
+) -> Resolution:
+    """The ``quota_type`` quota of a caller, by Kafka's 8-level precedence.
+
+    ``user`` is the authenticated user's name (Kafka uses ``ANONYMOUS`` when authentication is
+    off); ``client_id`` is what the client sent (``""`` when it sent none: only the ``<default>``
+    client-id levels can match it).
+    At most 8 dict lookups."""
+    for level, (u, c, by_user, by_client) in enumerate(_LEVELS, start=1):
+        if (u == "name" and not user) or (c == "name" and not client_id):
+            continue  # no entity can name "" (QuotaEntity refuses it)
+        entity = QuotaEntity(_part(u, user), _part(c, client_id))
+        quotas = configs.get(entity)
+        if quotas is not None and quota_type in quotas:
+            key = (user if by_user else "", client_id if by_client else "")
+            return Resolution(quotas[quota_type], entity, level, key)
+    return Resolution(math.inf, None, 9, ("", client_id))
+
+
+class QuotaTable:
+    """An immutable snapshot of every configured quota, with memoised resolution.
+
+    :func:`resolve` costs up to 8 entity lookups; a broker asks once per request and quota
+    type, so the table remembers answers (bounded; the snapshot never changes, so a memo is
+    never stale). A quota change builds a new table (:meth:`set`, :meth:`delete`) that the
+    wiring swaps in: the next request sees it."""
+
+    __slots__ = ("_configs", "_memo")
+
+    def __init__(self, configs: Mapping[QuotaEntity, Mapping[QuotaType, float]] = {}) -> None:
+        self._configs: dict[QuotaEntity, dict[QuotaType, float]] = {
+            e: dict(q) for e, q in configs.items() if q
+        }
+        self._memo: dict[tuple[QuotaType, str, str], Resolution] = {}
+
+    def __len__(self) -> int:
+        return len(self._configs)
+
+    def items(self) -> list[tuple[QuotaEntity, dict[QuotaType, float]]]:
+        return [(e, dict(q)) for e, q in self._configs.items()]
+
+    def get(self, entity: QuotaEntity) -> dict[QuotaType, float]:
+        return dict(self._configs.get(entity, {}))
+
+    def set(self, entity: QuotaEntity, quotas: Mapping[QuotaType, float]) -> QuotaTable:
+        """A table with ``entity``'s quotas updated (merged: unnamed types stay)."""
+        return QuotaTable({**self._configs, entity: {**self._configs.get(entity, {}), **quotas}})
+
+    def delete(self, entity: QuotaEntity, *types: QuotaType) -> QuotaTable:
+        """A table without ``entity``'s quotas of ``types`` (all of them when none named)."""
+        kept = {t: v for t, v in self._configs.get(entity, {}).items() if types and t not in types}
+        return QuotaTable({**self._configs, entity: kept})
+
+    def resolve(self, quota_type: QuotaType, user: str, client_id: str) -> Resolution:
+        key = (quota_type, user, client_id)
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) >= MAX_QUOTA_SENSORS:
+                self._memo.clear()
+            hit = self._memo[key] = resolve(self._configs, quota_type, user, client_id)
+        return hit
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Sample:
+    start_ms: int
+    last_ms: int
+    value: float = 0.0
+
+
+class SampledRate:
+    """Kafka's ``Rate`` over ``WindowedSum``: a per-second rate over ``window_num`` samples.
+
+    Not thread-safe; the wiring owns one per sensor key on one event loop. ``now_ms`` must not
+    go backwards by more than a window (a backwards step is treated as "now")."""
+
+    __slots__ = ("_config", "_current", "_samples")
+
+    def __init__(self, config: QuotaConfig = DEFAULT_CONFIG) -> None:
+        self._config = config
+        self._samples: list[_Sample] = []
+        self._current = 0
+
+    def record(self, value: float, now_ms: int) -> None:
+        if not self._samples:
+            self._samples.append(_Sample(now_ms, now_ms))
+        sample = self._samples[self._current]
+        if now_ms - sample.start_ms >= self._config.window_size_ms:
+            # one spare slot: the oldest sample may overlap the start of the window
+            self._current = (self._current + 1) % (self._config.window_num + 1)
+            if self._current >= len(self._samples):
+                sample = _Sample(now_ms, now_ms)
+                self._samples.append(sample)
+            else:
+                sample = self._samples[self._current]
+                sample.start_ms = sample.last_ms = now_ms
+                sample.value = 0.0
+        sample.value += value
+        sample.last_ms = now_ms
+
+    def snapshot(self, now_ms: int) -> tuple[float, int]:
+        """(sum of live samples, the span the rate divides by) in one pass: the span is the
+        time since the oldest live sample, at least ``window_num - 1`` full windows plus the
+        current part, and at least 1 ms."""
+        expire_ms = self._config.window_num * self._config.window_size_ms
+        total = 0.0
+        oldest = now_ms
+        for s in self._samples:
+            if now_ms - s.last_ms >= expire_ms:  # purge: no event within the whole window
+                s.start_ms = s.last_ms = now_ms
+                s.value = 0.0
+            total += s.value
+            if s.start_ms < oldest:
+                oldest = s.start_ms
+        elapsed = now_ms - oldest
+        size = self._config.window_size_ms
+        full = elapsed // size
+        if full < self._config.window_num - 1:
+            elapsed += (self._config.window_num - 1 - full) * size
+        return total, max(elapsed, 1)
+
+    def window_ms(self, now_ms: int) -> int:
+        return self.snapshot(now_ms)[1]
+
+    def total(self, now_ms: int) -> float:
+        return self.snapshot(now_ms)[0]
+
+    def measure(self, now_ms: int) -> float:
+        """The rate per second at ``now_ms``."""
+        total, window_ms = self.snapshot(now_ms)
+        return total * 1000.0 / window_ms
+
+
+def throttle_time_ms(observed: float, limit: float, window_ms: int, cap_ms: int) -> int:
+    """``(O - T) / T * W``, rounded, 0 when ``O <= T``, at most ``cap_ms``; a limit of 0
+    (everything blocked) gives ``cap_ms``."""
+    if observed <= limit:
+        return 0
+    if limit <= 0:
+        return cap_ms
+    return min(round((observed - limit) / limit * window_ms), cap_ms)
+
+
+@dataclass(slots=True)
+class RateSensor:
+    """One entity's measured rate against its quota (the limit is passed per call, so a quota
+    changed at runtime applies to the next request)."""
+
+    config: QuotaConfig = DEFAULT_CONFIG
+    rate: SampledRate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rate = SampledRate(self.config)
+
+    def record(self, value: float, now_ms: int, limit: float, cap_ms: int | None = None) -> int:
+        """Record ``value`` (bytes, or percent-seconds) and return the throttle time in ms
+        (0 when within quota). ``cap_ms`` overrides the config's cap (request time: 1 window)."""
+        return self.observe(value, now_ms, limit, cap_ms)[0]
+
+    def observe(
+        self, value: float, now_ms: int, limit: float, cap_ms: int | None = None
+    ) -> tuple[int, float, int]:
+        """:meth:`record`, also returning the window's total and span for the caller's
+        ``remaining`` (one pass over the samples per request)."""
+        self.rate.record(value, now_ms)
+        total, window_ms = self.rate.snapshot(now_ms)
+        if math.isinf(limit):
+            return 0, total, window_ms
+        cap = self.config.throttle_cap_ms if cap_ms is None else cap_ms
+        return throttle_time_ms(total * 1000.0 / window_ms, limit, window_ms, cap), total, window_ms
+
+    def record_request_time(self, handler_ns: int, now_ms: int, limit_percent: float) -> int:
+        """``request_percentage``: record handler time; the throttle is capped at one window."""
+        return self.record(
+            request_time_percent(handler_ns), now_ms, limit_percent, self.config.window_size_ms
+        )
+
+    def measure(self, now_ms: int) -> float:
+        return self.rate.measure(now_ms)
+
+
+def request_time_percent(handler_ns: int) -> float:
+    """Handler time as Kafka records it for ``request_percentage``: 1 s busy = 100."""
+    return handler_ns * 100.0 / 1e9
+
+
+def max_value_in_window(limit: float, config: QuotaConfig = DEFAULT_CONFIG) -> float:
+    """The most a single response may carry and still be within quota even if nothing else was
+    recorded (Kafka caps fetch sizes with it): ``limit * (num - 1) * window_s``. The wiring
+    answers a throttled long-poll later, not larger, with it."""
+    return limit * (config.window_num - 1) * config.window_size_ms / 1000.0
+
+
+# --- mutations (KIP-599) -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MutationDecision:
+    """``accepted`` and, when not, how long to wait (the response's throttle time)."""
+
+    accepted: bool
+    throttle_time_ms: int
+
+    def raise_if_refused(self) -> None:
+        if not self.accepted:
+            raise ThrottlingQuotaExceededError(self.throttle_time_ms)
+
+
+class TokenBucket:
+    """KIP-599's token bucket: refills at ``rate``/s up to a burst of
+    ``rate * window_num * window_size_s``; starts full."""
+
+    __slots__ = ("_config", "_last_ms", "_tokens")
+
+    def __init__(self, config: QuotaConfig = DEFAULT_CONFIG) -> None:
+        self._config = config
+        self._tokens: float | None = None  # None: full at first use
+        self._last_ms = 0
+
+    def burst(self, rate: float) -> float:
+        return rate * self._config.window_num * self._config.window_size_ms / 1000.0
+
+    def tokens(self, now_ms: int, rate: float) -> float:
+        burst = self.burst(rate)
+        if self._tokens is None:
+            self._tokens = burst
+        else:
+            elapsed_ms = max(now_ms - self._last_ms, 0)
+            self._tokens = min(burst, self._tokens + rate * elapsed_ms / 1000.0)
+        self._last_ms = now_ms
+        return self._tokens
+
+    def acquire(
+        self, permits: float, now_ms: int, rate: float, *, strict: bool = True
+    ) -> MutationDecision:
+        """Take ``permits`` (e.g. partitions created). Strict (Kafka's for current request
+        versions): refuse while the bucket is negative, accept otherwise even if this takes it
+        negative. Permissive: always accept and report the throttle the debt implies."""
+        if math.isinf(rate):
+            return MutationDecision(True, 0)
+        tokens = self.tokens(now_ms, rate)
+        if strict and tokens < 0:
+            return MutationDecision(False, self._throttle_ms(tokens, rate))
+        self._tokens = min(self.burst(rate), tokens - permits)
+        if strict:
+            return MutationDecision(True, 0)
+        return MutationDecision(True, self._throttle_ms(self._tokens, rate))
+
+    def _throttle_ms(self, tokens: float, rate: float) -> int:
+        if tokens >= 0:
+            return 0
+        if rate <= 0:
+            return self._config.throttle_cap_ms
+        return round(-tokens / rate * 1000.0)
+
+
+# --- one broker's sensors and what a throttled response says --------------------------------
+
+SENSOR_IDLE_EXPIRY_MS: Final = 3_600_000  # Kafka's InactiveSensorExpirationTimeSeconds (1 h)
+# RateLimit quota units (draft-ietf-httpapi-ratelimit-headers); request time has none.
+_QUOTA_UNITS: Final = {
+    QuotaType.PRODUCER_BYTE_RATE: "content-bytes",
+    QuotaType.CONSUMER_BYTE_RATE: "content-bytes",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    """The outcome of recording one request against its quota.
+
+    ``remaining`` is how much more could be recorded now without a throttle (``inf`` without
+    a quota); ``window_ms`` the span the rate was measured over."""
+
+    quota_type: QuotaType
+    limit: float
+    throttle_time_ms: int
+    remaining: float
+    window_ms: int
+    sensor_key: tuple[str, str]
+
+    def headers(self, config: QuotaConfig = DEFAULT_CONFIG) -> dict[str, str]:
+        """Response fields: ``Logbus-Throttle-Time-Ms`` always; ``Retry-After`` (whole
+        seconds, rounded up) when throttled; for byte quotas the IETF draft's
+        ``RateLimit-Policy`` (quota ``q`` per window ``w`` of ``num - 1`` windows, the most one
+        response may carry) and ``RateLimit`` (remaining ``r``, seconds to wait ``t``)."""
+        out = {"Logbus-Throttle-Time-Ms": str(self.throttle_time_ms)}
+        if self.throttle_time_ms > 0:
+            out["Retry-After"] = str(-(-self.throttle_time_ms // 1000))
+        unit = _QUOTA_UNITS.get(self.quota_type)
+        if unit is not None and math.isfinite(self.limit):
+            name = self.quota_type.value
+            w = max((config.window_num - 1) * config.window_size_ms // 1000, 1)
+            q = int(self.limit * w)
+            r = max(0, min(q, int(self.remaining)))
+            t = -(-self.throttle_time_ms // 1000)
+            out["RateLimit-Policy"] = f'"{name}";q={q};qu="{unit}";w={w}'
+            out["RateLimit"] = f'"{name}";r={r};t={t}'
+        return out
+
+
+class QuotaSensors:
+    """Every measured rate of one broker, keyed by (quota type, sensor key).
+
+    Bounded: past ``max_sensors`` the least recently used sensor is dropped, and sensors idle
+    for ``idle_expiry_ms`` (Kafka: 1 h) are dropped as they reach the LRU head. Dropping a
+    sensor forgets that client's recent rate, which errs in the client's favour."""
+
+    def __init__(
+        self,
+        config: QuotaConfig = DEFAULT_CONFIG,
+        *,
+        max_sensors: int = MAX_QUOTA_SENSORS,
+        idle_expiry_ms: int = SENSOR_IDLE_EXPIRY_MS,
+    ) -> None:
+        self.config = config
+        self._max = max_sensors
+        self._idle_ms = idle_expiry_ms
+        self._sensors: OrderedDict[tuple[QuotaType, tuple[str, str]], tuple[RateSensor, int]] = (
+            OrderedDict()
+        )
+
+    def __len__(self) -> int:
+        return len(self._sensors)
+
+    def sensor(self, quota_type: QuotaType, key: tuple[str, str], now_ms: int) -> RateSensor:
+        entry = self._sensors.pop((quota_type, key), None)
+        sensor = RateSensor(self.config) if entry is None else entry[0]
+        self._sensors[(quota_type, key)] = (sensor, now_ms)
+        while self._sensors:
+            (_, (_, last_ms)) = next(iter(self._sensors.items()))
+            if len(self._sensors) <= self._max and now_ms - last_ms < self._idle_ms:
+                break
+            self._sensors.popitem(last=False)
+        return sensor
+
+    def record(
+        self, quota_type: QuotaType, resolution: Resolution, value: float, now_ms: int
+    ) -> Throttle:
+        """Record ``value`` (bytes; for ``request_percentage`` handler nanoseconds) for the
+        caller ``resolution`` describes and say how long to delay its response."""
+        sensor = self.sensor(quota_type, resolution.sensor_key, now_ms)
+        limit = resolution.limit
+        if quota_type is QuotaType.REQUEST_PERCENTAGE:
+            value = request_time_percent(int(value))
+            cap_ms: int | None = self.config.window_size_ms
+        else:
+            cap_ms = None
+        throttle, total, window_ms = sensor.observe(value, now_ms, limit, cap_ms)
+        remaining = math.inf if math.isinf(limit) else max(limit * window_ms / 1000 - total, 0.0)
+        return Throttle(quota_type, limit, throttle, remaining, window_ms, resolution.sensor_key)
+
+    def rates(self, now_ms: int) -> dict[tuple[QuotaType, tuple[str, str]], float]:
+        """The current rate of every sensor (for ``/metrics``)."""
+        return {k: s.measure(now_ms) for k, (s, _) in self._sensors.items()}

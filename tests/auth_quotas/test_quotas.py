@@ -1,0 +1,361 @@
+"""Quota arithmetic: Kafka's precedence as a table, the sampled rate and its throttle formula,
+KIP-599's token bucket, and (Hypothesis, simulated time) that a client obeying the throttle
+converges to its quota."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from auth_quotas.errors import InvalidQuotaError, ThrottlingQuotaExceededError
+from auth_quotas.quotas import (
+    DEFAULT,
+    MutationDecision,
+    QuotaConfig,
+    QuotaEntity,
+    QuotaSensors,
+    QuotaTable,
+    QuotaType,
+    RateSensor,
+    SampledRate,
+    TokenBucket,
+    max_value_in_window,
+    request_time_percent,
+    resolve,
+    throttle_time_ms,
+    validate_quotas,
+)
+from core_log.errors import ErrorCode
+
+P = QuotaType.PRODUCER_BYTE_RATE
+C = QuotaType.CONSUMER_BYTE_RATE
+E = QuotaEntity
+
+# One config holding all eight levels, each with a distinct producer rate = its level.
+ALL_LEVELS = {
+    E("alice", "app"): {P: 1.0},
+    E("alice", DEFAULT): {P: 2.0},
+    E("alice"): {P: 3.0},
+    E(DEFAULT, "app"): {P: 4.0},
+    E(DEFAULT, DEFAULT): {P: 5.0},
+    E(DEFAULT): {P: 6.0},
+    E(client_id="app"): {P: 7.0},
+    E(client_id=DEFAULT): {P: 8.0},
+}
+
+
+def without(*levels: int) -> dict[QuotaEntity, dict[QuotaType, float]]:
+    return {e: q for e, q in ALL_LEVELS.items() if q[P] not in levels}
+
+
+# (configs, user, client id, expected level, expected sensor key)
+PRECEDENCE = [
+    (ALL_LEVELS, "alice", "app", 1, ("alice", "app")),
+    (without(1), "alice", "app", 2, ("alice", "app")),
+    (without(1, 2), "alice", "app", 3, ("alice", "")),
+    (without(1, 2, 3), "alice", "app", 4, ("alice", "app")),
+    (without(1, 2, 3, 4), "alice", "app", 5, ("alice", "app")),
+    (without(1, 2, 3, 4, 5), "alice", "app", 6, ("alice", "")),
+    (without(1, 2, 3, 4, 5, 6), "alice", "app", 7, ("", "app")),
+    (without(1, 2, 3, 4, 5, 6, 7), "alice", "app", 8, ("", "app")),
+    (without(1, 2, 3, 4, 5, 6, 7, 8), "alice", "app", 9, ("", "app")),
+    # another user: alice's entries do not apply, the <default> user ones do
+    (ALL_LEVELS, "bob", "app", 4, ("bob", "app")),
+    (ALL_LEVELS, "bob", "other", 5, ("bob", "other")),
+    (without(4, 5), "bob", "other", 6, ("bob", "")),
+    # another client of alice: <default> client of alice wins over her plain user entry
+    (ALL_LEVELS, "alice", "other", 2, ("alice", "other")),
+    # a specific client-id entry loses to any user level, even a default one
+    ({E(client_id="app"): {P: 7.0}, E(DEFAULT): {P: 6.0}}, "carol", "app", 6, ("carol", "")),
+    ({E(client_id="app"): {P: 7.0}}, "carol", "app", 7, ("", "app")),
+    # a client that sent no client id matches only the <default> client-id levels
+    (ALL_LEVELS, "alice", "", 2, ("alice", "")),
+    (without(2, 3, 5, 6), "dave", "", 8, ("", "")),
+]
+
+
+@pytest.mark.parametrize(("configs", "user", "client", "level", "key"), PRECEDENCE)
+def test_precedence_follows_kafkas_eight_levels(
+    configs: dict[QuotaEntity, dict[QuotaType, float]],
+    user: str,
+    client: str,
+    level: int,
+    key: tuple[str, str],
+) -> None:
+    r = resolve(configs, P, user, client)
+    assert r.level == level
+    assert r.sensor_key == key
+    if level <= 8:
+        assert r.limit == float(level)
+        assert r.entity is not None and configs[r.entity][P] == float(level)
+    else:
+        assert r.limit == math.inf and r.entity is None
+
+
+def test_precedence_is_per_quota_type() -> None:
+    configs = {E("alice"): {C: 100.0}, E(DEFAULT): {P: 50.0, C: 60.0}}
+    assert resolve(configs, C, "alice", "x").limit == 100.0
+    assert resolve(configs, P, "alice", "x").limit == 50.0  # falls through to <default> user
+
+
+def test_entity_and_quota_validation() -> None:
+    assert E.from_dict({"user": "alice"}) == E("alice")
+    assert E.from_dict({"user": None, "client_id": "app"}) == E(DEFAULT, "app")
+    assert E.from_dict({"client_id": "<default>"}) == E(client_id=DEFAULT)
+    for e in ALL_LEVELS:
+        assert E.from_dict(e.to_dict()) == e
+    for bad in ({}, {"user": ""}, {"user": 3}, {"group": "x"}, {"user": "x" * 256}):
+        with pytest.raises(InvalidQuotaError) as info:
+            E.from_dict(bad)
+        assert info.value.http_status == 400
+    with pytest.raises(InvalidQuotaError):
+        E()
+    assert validate_quotas({"producer_byte_rate": 1048576}) == {P: 1048576.0}
+    for bad_q in ({"bytes": 1}, {"producer_byte_rate": -1}, {"producer_byte_rate": True},
+                  {"producer_byte_rate": "1"}, {"producer_byte_rate": math.inf}):  # fmt: skip
+        with pytest.raises(InvalidQuotaError):
+            validate_quotas(bad_q)
+    with pytest.raises(InvalidQuotaError):
+        QuotaConfig(window_num=0)
+
+
+# --- the sampled rate ------------------------------------------------------------------------
+
+
+def test_rate_counts_at_least_n_minus_1_windows() -> None:
+    rate = SampledRate()  # 11 x 1 s
+    rate.record(1000, now_ms=0)
+    assert rate.window_ms(0) == 10_000
+    assert rate.measure(0) == pytest.approx(100.0)
+    rate.record(1000, now_ms=500)
+    assert rate.window_ms(500) == 10_500
+    assert rate.measure(500) == pytest.approx(2000 / 10.5)
+
+
+def test_samples_expire_after_the_full_window() -> None:
+    rate = SampledRate()
+    rate.record(5000, now_ms=0)
+    assert rate.measure(10_999) > 0
+    assert rate.measure(11_000) == 0.0
+    # a steady stream keeps a full window: 1000 B every 100 ms is 10 kB/s
+    steady = SampledRate()
+    for t in range(0, 60_000, 100):
+        steady.record(1000, t)
+    assert steady.measure(59_900) == pytest.approx(10_000, rel=0.02)
+
+
+def test_throttle_matches_kafkas_worked_example() -> None:
+    """Kafka's TokenBucket doc: Q=5, S=100 windows of 1 s, one burst of 560 -> about 13 s."""
+    sensor = RateSensor(QuotaConfig(window_num=100, max_throttle_ms=10**9))
+    throttle = sensor.record(560, now_ms=0, limit=5.0)
+    assert throttle == round((560 / 99 - 5) / 5 * 99_000) == 13_000
+
+
+def test_throttle_formula_and_bounds() -> None:
+    assert throttle_time_ms(observed=150, limit=100, window_ms=10_000, cap_ms=99_999) == 5000
+    assert throttle_time_ms(observed=100, limit=100, window_ms=10_000, cap_ms=99_999) == 0
+    assert throttle_time_ms(observed=1e9, limit=100, window_ms=10_000, cap_ms=11_000) == 11_000
+    assert throttle_time_ms(observed=1, limit=0, window_ms=10_000, cap_ms=11_000) == 11_000
+    sensor = RateSensor()
+    assert sensor.record(10**12, now_ms=0, limit=1.0) == 11_000  # default cap: 11 x 1 s
+    assert RateSensor().record(10**12, now_ms=0, limit=math.inf) == 0
+
+
+def test_request_time_quota_is_capped_at_one_window() -> None:
+    assert request_time_percent(1_000_000_000) == 100.0
+    sensor = RateSensor()
+    # 5 s of handler time at once against a 10 % quota: far over, capped at 1 s (Kafka)
+    assert sensor.record_request_time(5_000_000_000, now_ms=0, limit_percent=10.0) == 1000
+
+
+def test_a_quota_change_applies_to_the_next_record() -> None:
+    sensor = RateSensor()
+    assert sensor.record(50_000, 0, limit=1000.0) > 0
+    assert sensor.record(1, 1, limit=1e9) == 0
+
+
+def test_max_value_in_window() -> None:
+    assert max_value_in_window(1000.0) == 10_000.0
+    sensor = RateSensor()
+    assert sensor.record(max_value_in_window(1000.0), 0, limit=1000.0) == 0
+    assert sensor.record(1, 0, limit=1000.0) > 0
+
+
+def simulate(
+    limit: float, size: float, interval_ms: float, duration_ms: int, percent: bool = False
+) -> float:
+    """A client that wants to send ``size`` every ``interval_ms`` and waits out each throttle
+    before its next request; returns its achieved rate after a warm-up of two full windows."""
+    sensor = RateSensor()
+    t = 0.0
+    warmup_ms = 22_000
+    sent = 0.0
+    while t < duration_ms:
+        now = int(t)
+        if percent:
+            throttle = sensor.record_request_time(int(size * 1e7), now, limit)
+        else:
+            throttle = sensor.record(size, now, limit)
+        if t >= warmup_ms:
+            sent += size
+        t += max(interval_ms, throttle)
+    return sent / ((duration_ms - warmup_ms) / 1000)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    limit=st.floats(1e3, 1e8),
+    over=st.floats(1.25, 20.0),
+    fraction=st.floats(0.05, 1.0),
+)
+def test_an_obedient_client_above_quota_converges_to_it(
+    limit: float, over: float, fraction: float
+) -> None:
+    """Requests of up to one window's worth of quota, wanted at 1.25-20x the quota: over
+    100 s of simulated time the achieved rate is within +-15 % of the quota."""
+    size = limit * fraction  # bytes per request
+    interval_ms = size / (limit * over) * 1000
+    achieved = simulate(limit, size, interval_ms, duration_ms=122_000)
+    assert achieved == pytest.approx(limit, rel=0.15)
+
+
+@settings(max_examples=10, deadline=None)
+@given(limit=st.floats(5.0, 80.0), over=st.floats(1.25, 5.0))
+def test_request_time_share_converges_too(limit: float, over: float) -> None:
+    """Requests of 40 ms handler time (4 percent-seconds each)."""
+    interval_ms = 4 / (limit * over) * 1000
+    achieved = simulate(limit, 4.0, interval_ms, duration_ms=122_000, percent=True)
+    assert achieved == pytest.approx(limit, rel=0.15)
+
+
+@settings(max_examples=20, deadline=None)
+@given(limit=st.floats(1e3, 1e6), under=st.floats(0.1, 0.9), fraction=st.floats(0.02, 0.5))
+def test_a_client_under_quota_is_never_throttled(
+    limit: float, under: float, fraction: float
+) -> None:
+    size = limit * fraction
+    interval_ms = size / (limit * under) * 1000
+    sensor = RateSensor()
+    t = 0.0
+    while t < 60_000:
+        assert sensor.record(size, int(t), limit) == 0
+        t += interval_ms
+
+
+# --- KIP-599 token bucket ----------------------------------------------------------------------
+
+
+def test_token_bucket_strict() -> None:
+    bucket = TokenBucket()  # rate 2/s -> burst 2 x 11 x 1 s = 22
+    assert bucket.burst(2.0) == 22.0
+    assert bucket.acquire(20, now_ms=0, rate=2.0).accepted
+    # not negative yet (2 left): accepted even though it takes the bucket to -8
+    assert bucket.acquire(10, now_ms=0, rate=2.0) == MutationDecision(True, 0)
+    refused = bucket.acquire(1, now_ms=0, rate=2.0)
+    assert not refused.accepted and refused.throttle_time_ms == 4000  # -(-8) / 2 per s
+    with pytest.raises(ThrottlingQuotaExceededError) as info:
+        refused.raise_if_refused()
+    assert info.value.code is ErrorCode.THROTTLING_QUOTA_EXCEEDED
+    assert info.value.http_status == 429 and info.value.detail["throttle_time_ms"] == 4000
+    assert bucket.acquire(1, now_ms=3000, rate=2.0).throttle_time_ms == 1000
+    assert bucket.acquire(1, now_ms=4000, rate=2.0).accepted
+    # refills only up to the burst
+    assert bucket.tokens(now_ms=10**9, rate=2.0) == 22.0
+
+
+def test_token_bucket_permissive_and_unlimited() -> None:
+    bucket = TokenBucket()
+    decision = bucket.acquire(30, now_ms=0, rate=2.0, strict=False)
+    assert decision.accepted and decision.throttle_time_ms == 4000
+    assert bucket.acquire(1, now_ms=0, rate=2.0, strict=False).accepted
+    assert TokenBucket().acquire(10**9, 0, math.inf) == MutationDecision(True, 0)
+    zero = TokenBucket()
+    assert zero.acquire(1, 0, 0.0).accepted  # an empty bucket is not negative ...
+    refused = zero.acquire(1, 5000, 0.0)  # ... the next is refused; no refill ever: the cap
+    assert not refused.accepted and refused.throttle_time_ms == 11_000
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rate=st.floats(0.5, 50.0),
+    requests=st.lists(st.tuples(st.integers(0, 2000), st.integers(1, 20)), max_size=200),
+)
+def test_token_bucket_never_admits_more_than_burst_plus_refill_plus_one_request(
+    rate: float, requests: list[tuple[int, int]]
+) -> None:
+    bucket = TokenBucket()
+    now = 0
+    admitted = 0
+    for gap_ms, permits in requests:
+        now += gap_ms
+        if bucket.acquire(permits, now, rate).accepted:
+            admitted += permits
+    assert admitted <= bucket.burst(rate) + rate * now / 1000 + 20 + 1e-6
+
+
+# --- sensors and response fields -------------------------------------------------------------
+
+
+def test_sensors_share_by_resolution_key_and_render_headers() -> None:
+    configs = {E("alice"): {P: 1000.0}}
+    sensors = QuotaSensors()
+    a = resolve(configs, P, "alice", "app-1")
+    b = resolve(configs, P, "alice", "app-2")
+    assert a.sensor_key == b.sensor_key == ("alice", "")
+    first = sensors.record(P, a, 6000, now_ms=0)
+    assert first.throttle_time_ms == 0 and first.remaining == pytest.approx(4000)
+    assert first.headers() == {
+        "Logbus-Throttle-Time-Ms": "0",
+        "RateLimit-Policy": '"producer_byte_rate";q=10000;qu="content-bytes";w=10',
+        "RateLimit": '"producer_byte_rate";r=4000;t=0',
+    }
+    second = sensors.record(P, b, 6000, now_ms=0)  # the same user's other client: shared
+    assert second.throttle_time_ms == 2000  # (1200 - 1000) / 1000 * 10 s
+    headers = second.headers()
+    assert headers["Retry-After"] == "2" and headers["Logbus-Throttle-Time-Ms"] == "2000"
+    assert headers["RateLimit"] == '"producer_byte_rate";r=0;t=2'
+    assert len(sensors) == 1
+
+
+def test_unlimited_and_request_time_records() -> None:
+    sensors = QuotaSensors()
+    free = sensors.record(C, resolve({}, C, "bob", "x"), 10**9, now_ms=0)
+    assert free.throttle_time_ms == 0 and free.remaining == math.inf
+    assert free.headers() == {"Logbus-Throttle-Time-Ms": "0"}
+    R = QuotaType.REQUEST_PERCENTAGE
+    busy = sensors.record(R, resolve({E("bob"): {R: 10.0}}, R, "bob", "x"), 5e9, now_ms=0)
+    assert busy.throttle_time_ms == 1000  # capped at one window
+    assert "RateLimit" not in busy.headers() and busy.headers()["Retry-After"] == "1"
+    assert set(sensors.rates(0)) == {(C, ("", "x")), (R, ("bob", ""))}
+
+
+def test_sensors_are_bounded_and_expire_when_idle() -> None:
+    sensors = QuotaSensors(max_sensors=3, idle_expiry_ms=1000)
+    for i in range(5):
+        sensors.record(P, resolve({}, P, "u", f"c{i}"), 1, now_ms=i)
+    assert len(sensors) == 3
+    assert {k[1][1] for k in sensors.rates(10)} == {"c2", "c3", "c4"}
+    sensors.record(P, resolve({}, P, "u", "late"), 1, now_ms=5000)
+    assert len(sensors) == 1
+
+
+def test_quota_table_memoises_and_changes_by_copy() -> None:
+    table = QuotaTable(ALL_LEVELS)
+    for configs, user, client, level, key in PRECEDENCE:
+        if configs is ALL_LEVELS:
+            r = table.resolve(P, user, client)
+            assert (r.level, r.sensor_key) == (level, key)
+            assert table.resolve(P, user, client) is r  # memoised
+    changed = table.set(E("alice", "app"), {C: 5.0})
+    assert changed.get(E("alice", "app")) == {P: 1.0, C: 5.0}
+    assert table.get(E("alice", "app")) == {P: 1.0}  # the old snapshot is untouched
+    assert changed.resolve(C, "alice", "app").limit == 5.0
+    assert table.resolve(C, "alice", "app").limit == math.inf
+    partly = changed.delete(E("alice", "app"), C)
+    assert partly.get(E("alice", "app")) == {P: 1.0}
+    gone = changed.delete(E("alice", "app"))
+    assert gone.resolve(P, "alice", "app").level == 2 and len(gone) == len(table) - 1
+    assert dict(QuotaTable().items()) == {}
