@@ -31,6 +31,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
