@@ -181,6 +181,8 @@ class Zygote:
             self.proc.kill()
             self.proc.wait()
         self._reader.join(WAIT_S)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 class ChaosBroker(BrokerProcess):
