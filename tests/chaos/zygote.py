@@ -56,6 +56,13 @@ PRELOAD = (
     "uvicorn.protocols.http.h11_impl",
     "uvicorn.protocols.http.httptools_impl",
     "uvicorn.lifespan.on",
+    # ... and what it imports lazily on the way to ready (PYTHONPROFILEIMPORTTIME in a child).
+    "api.groups_cli",
+    "anyio",
+    "httpcore",
+    "uvloop",
+    "sqlalchemy.dialects.sqlite",
+    "sqlalchemy.dialects.postgresql.psycopg",
 )
 REAP_INTERVAL_S = 0.05  # how late an exit is reported at most, while no command arrives
 
