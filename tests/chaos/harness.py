@@ -6,7 +6,10 @@ Theory of operation
   share one metadata store: a SQLite file in the test's tmp dir, or a database on the test
   run's throwaway PostgreSQL server (tests/pg.py). Leases are small (``CLUSTER_ENV``: session
   timeout 2 s) so a dead broker is fenced within seconds. Each broker can be SIGKILLed,
-  restarted on the same port and data dir, paused (SIGSTOP) and resumed (SIGCONT).
+  restarted on the same port and data dir, paused (SIGSTOP) and resumed (SIGCONT). Brokers are
+  forked from a zygote that imported their modules once (tests/chaos/zygote.py: a fresh
+  interpreter's imports were most of a restart, 2 s idle and 10-24 s under load); the argv,
+  environment and log are those of ``logbus serve``. ``zygote=False`` runs ``python -m api.cli``.
 * Optional link proxies (tests/chaos/proxy.py) the test can cut or stall:
   - replication: broker *i* binds its h2c replication listener on a fixed port and advertises
     the port of a proxy in front of it (``LOGBUS_REPLICATION_ADVERTISED_PORT``), so every
