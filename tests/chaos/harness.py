@@ -93,6 +93,9 @@ CLIENT_TIMEOUT_S: Final = 10.0  # > the request timeout (5 s): acks=all is answe
 ROUTE_DIRECT: Final = {"Logbus-Route": "direct"}
 RETRY_BACKOFF_S: Final = 0.05
 DRAIN_S: Final = 60.0  # how long a producer keeps retrying its last batch after stop()
+# The zygote answers its first fork once it imported the broker's modules: 3 s of CPU, but 116 s
+# of wall time when the load average was 35 on 2 cores. A bound that only fails a hang.
+ZYGOTE_START_S: Final = 300.0
 
 
 class ZygoteChild:
@@ -159,7 +162,7 @@ class Zygote:
         with self._lock:
             self.proc.stdin.write(command.encode() + b"\n")
             self.proc.stdin.flush()
-            pid = self._pids.get(timeout=WAIT_S)
+            pid = self._pids.get(timeout=ZYGOTE_START_S)
         if pid is None:
             raise RuntimeError(f"the zygote exited with {self.proc.poll()}")
         return ZygoteChild(self, pid)
