@@ -6,7 +6,10 @@ Theory of operation
   share one metadata store: a SQLite file in the test's tmp dir, or a database on the test
   run's throwaway PostgreSQL server (tests/pg.py). Leases are small (``CLUSTER_ENV``: session
   timeout 2 s) so a dead broker is fenced within seconds. Each broker can be SIGKILLed,
-  restarted on the same port and data dir, paused (SIGSTOP) and resumed (SIGCONT).
+  restarted on the same port and data dir, paused (SIGSTOP) and resumed (SIGCONT). Brokers are
+  forked from a zygote that imported their modules once (tests/chaos/zygote.py: a fresh
+  interpreter's imports were most of a restart, 2 s idle and 10-24 s under load); the argv,
+  environment and log are those of ``logbus serve``. ``zygote=False`` runs ``python -m api.cli``.
 * Optional link proxies (tests/chaos/proxy.py) the test can cut or stall:
   - replication: broker *i* binds its h2c replication listener on a fixed port and advertises
     the port of a proxy in front of it (``LOGBUS_REPLICATION_ADVERTISED_PORT``), so every
@@ -19,12 +22,18 @@ Theory of operation
 * :class:`ChaosClient` runs idempotent producers (one producer session per writer and
   partition, ``acks=all``) and one consumer per partition in threads. A producer sends a batch
   of values no one else sends and retries the *same* batch with the *same* sequence after a
-  timeout, a connection error, a retriable answer or 421 (following the 421's leader hint, else
-  the store), so a batch the broker wrote but could not confirm is deduplicated on the retry.
+  timeout, a connection error, a retriable answer or 421, so a batch the broker wrote but could
+  not confirm is deduplicated on the retry. Two kinds of writer:
+  - *direct* writers route themselves: ``Logbus-Route: direct`` to the leader they believe in
+    (the 421's leader hint, else the store), so brokers answer 421 rather than forward;
+  - *any-broker* writers (``any_broker_writers_per_partition``) send each attempt, without the
+    route header, to a running broker the seeded rng picks, so two times in three the broker
+    forwards it to the leader (cluster/forwarding.py) — curl behind a load balancer. A 500, or
+    a 5xx that carries no error code, is a bug and goes into ``stats.unexpected``.
   Every send's final outcome (ok with offsets / info when it never got an answer), every poll
   and the final read of every partition go into tests/chaos/checker.py's history, and every
-  HTTP attempt (broker, start, end, status) into ``attempts`` for scenario assertions. Every
-  request carries ``Logbus-Route: direct`` so brokers answer 421 rather than forward.
+  HTTP attempt (broker, route, start, end, status) into ``attempts`` for scenario assertions.
+  Consumers always read from the leader with ``Logbus-Route: direct``.
 * :func:`replica_bytes` reads each stopped broker's partition files with core_log's reader,
   to compare replicas byte for byte up to the high watermark.
 
@@ -40,14 +49,17 @@ import functools
 import itertools
 import json
 import os
+import queue
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -81,13 +93,126 @@ CLIENT_TIMEOUT_S: Final = 10.0  # > the request timeout (5 s): acks=all is answe
 ROUTE_DIRECT: Final = {"Logbus-Route": "direct"}
 RETRY_BACKOFF_S: Final = 0.05
 DRAIN_S: Final = 60.0  # how long a producer keeps retrying its last batch after stop()
+# The zygote answers its first fork once it imported the broker's modules: 3 s of CPU, but 116 s
+# of wall time when the load average was 35 on 2 cores. A bound that only fails a hang.
+ZYGOTE_START_S: Final = 300.0
+
+
+class ZygoteChild:
+    """A broker forked by the :class:`Zygote`, with the part of ``subprocess.Popen``'s API
+    :class:`BrokerProcess` uses (``pid``, ``poll``, ``wait``, ``kill``, ``send_signal``)."""
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self.zygote = zygote
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        self.returncode = self.zygote.exit_status(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        status = self.zygote.wait_exit(self.pid, timeout)
+        if status is None:
+            raise subprocess.TimeoutExpired(f"broker {self.pid}", timeout or 0.0)
+        self.returncode = status
+        return status
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """The harness's end of tests/chaos/zygote.py: a fork server whose children are brokers
+    with their modules already imported (its docstring says why)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self._lock = threading.Lock()  # one spawn at a time: answers come in order
+        self._exits: dict[int, int] = {}
+        self._pids: queue.Queue[int | None] = queue.Queue()
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            if "pid" in message:
+                self._pids.put(int(message["pid"]))
+            else:
+                with self._changed:
+                    self._exits[int(message["exit"])] = int(message["status"])
+                    self._changed.notify_all()
+        self._pids.put(None)  # the zygote died: a waiting spawn fails
+
+    def spawn(self, argv: list[str], env: dict[str, str], log: Path) -> ZygoteChild:
+        assert self.proc.stdin is not None
+        command = json.dumps({"argv": argv, "env": env, "log": str(log)})
+        with self._lock:
+            self.proc.stdin.write(command.encode() + b"\n")
+            self.proc.stdin.flush()
+            pid = self._pids.get(timeout=ZYGOTE_START_S)
+        if pid is None:
+            raise RuntimeError(f"the zygote exited with {self.proc.poll()}")
+        return ZygoteChild(self, pid)
+
+    def exit_status(self, pid: int) -> int | None:
+        with self._changed:
+            return self._exits.get(pid)
+
+    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        with self._changed:
+            self._changed.wait_for(lambda: pid in self._exits, timeout)
+            return self._exits.get(pid)
+
+    def close(self) -> None:
+        """EOF: the zygote SIGKILLs any child still running, reaps them and exits."""
+        with contextlib.suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(WAIT_S)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 class ChaosBroker(BrokerProcess):
     """A broker process that may take longer to start: on 2 cores shared with other test runs
-    the interpreter's imports alone took 7 s, and three brokers start at once."""
+    the interpreter's imports alone took 7 s, and three brokers start at once. Given a
+    :class:`Zygote`, it is forked from it instead (the same ``logbus serve`` argv and env)."""
 
     STARTUP_TIMEOUT_S: Final = 120.0
+
+    def __init__(self, *args: Any, zygote: Zygote | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.zygote = zygote
+
+    def start(self) -> BrokerProcess:
+        if self.zygote is None:
+            return super().start()
+        assert self.proc is None, "already running"
+        argv = ["serve", "--data-dir", str(self.data_dir), "--port", str(self.port)]
+        env = {**os.environ, **self.env}
+        child = self.zygote.spawn([*argv, *self.extra_args], env, self.log_path)
+        # Duck-typed: BrokerProcess uses only pid, poll, wait, kill and send_signal.
+        self.proc = cast("subprocess.Popen[bytes]", child)
+        self._wait_ready()
+        return self
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.STARTUP_TIMEOUT_S
@@ -145,6 +270,7 @@ class ChaosCluster:
         replication_proxies: bool = False,
         db_proxies: bool = False,
         env: dict[str, str] | None = None,
+        zygote: bool = True,
     ) -> None:
         self.tmp_path = tmp_path
         self.metadata_url = metadata_url
@@ -158,6 +284,7 @@ class ChaosCluster:
         self.clients: list[ChaosClient] = []
         self._store: MetadataStore | None = None
         self._store_lock = threading.Lock()
+        self.zygote = Zygote() if zygote else None
         base_env = {**CLUSTER_ENV, **(env or {})}
         for i in range(1, brokers + 1):
             url = metadata_url
@@ -183,6 +310,7 @@ class ChaosCluster:
                 "--metadata-url",
                 url,
                 env=broker_env,
+                zygote=self.zygote,
             )
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -215,6 +343,8 @@ class ChaosCluster:
             b.kill()
         for p in [*self.repl_proxies.values(), *self.db_proxies.values()]:
             p.close()
+        if self.zygote is not None:
+            self.zygote.close()
         if self._store is not None:
             self._store.close()
 
@@ -385,6 +515,7 @@ class Attempt:
     ended: float
     status: int | None  # None: no answer (timeout, connection error)
     code: str | None = None
+    direct: bool = True  # False: sent without the route header to any broker
 
 
 @dataclass
@@ -417,6 +548,7 @@ class ChaosClient:
         partitions: int,
         *,
         writers_per_partition: int = 1,
+        any_broker_writers_per_partition: int = 0,
         batch_records: tuple[int, int] = (1, 5),
         client_timeout_s: float = CLIENT_TIMEOUT_S,
     ) -> None:
@@ -424,6 +556,7 @@ class ChaosClient:
         self.topic = topic
         self.partitions = partitions
         self.writers_per_partition = writers_per_partition
+        self.any_broker_writers_per_partition = any_broker_writers_per_partition
         self.batch_records = batch_records
         self.client_timeout_s = client_timeout_s
         self.history_path = cluster.tmp_path / "history.jsonl"
@@ -449,11 +582,14 @@ class ChaosClient:
         for p in range(self.partitions):
             for _ in range(self.writers_per_partition):
                 w = next(self._writer_ids)
-                self._spawn(f"producer-{p}-{w}", self._produce, p, w)
+                self._spawn(f"producer-{p}-{w}", self._produce, p, w, True)
+            for _ in range(self.any_broker_writers_per_partition):
+                w = next(self._writer_ids)
+                self._spawn(f"producer-{p}-{w}-any", self._produce, p, w, False)
             if consumers:
                 self._spawn(f"consumer-{p}", self._consume, p)
 
-    def _spawn(self, name: str, target: Callable[..., None], *args: int) -> None:
+    def _spawn(self, name: str, target: Callable[..., None], *args: object) -> None:
         t = threading.Thread(target=target, args=args, name=name, daemon=True)
         t.start()
         self._threads.append(t)
@@ -502,6 +638,12 @@ class ChaosClient:
             self._leaders[partition] = leader
         return self._leaders[partition]
 
+    def _any_broker(self) -> int:
+        """A running broker, picked by the seeded rng (any broker, as behind a load balancer)."""
+        running = [i for i in sorted(self.cluster.brokers) if self.cluster.running(i)]
+        with self._rng_lock:
+            return self.cluster.rng.choice(running or sorted(self.cluster.brokers))
+
     def _hint(self, partition: int, body: Any, answered_by: int) -> None:
         """Follow a 421's leader_id, else ask the store again. A broker whose lease lapsed
         (cut off from the store) still names itself from its stale rows: ignored."""
@@ -532,7 +674,7 @@ class ChaosClient:
             time.sleep(RETRY_BACKOFF_S * 4)
         return None
 
-    def _produce(self, partition: int, writer: int) -> None:
+    def _produce(self, partition: int, writer: int, direct: bool) -> None:
         with httpx.Client(timeout=self.client_timeout_s) as http:
             session = self._init_producer(http, [])
             seq = 0
@@ -542,7 +684,7 @@ class ChaosClient:
                     count = self.cluster.rng.randint(*self.batch_records)
                 values = [f"p{partition}-w{writer}-{n + i}" for i in range(count)]
                 n += count
-                outcome = self._send_batch(http, partition, session, seq, values)
+                outcome = self._send_batch(http, partition, session, seq, values, direct=direct)
                 if outcome == "fail":  # a non-retriable answer: start a new session
                     session, seq = self._init_producer(http, []), 0
                     continue
@@ -569,12 +711,16 @@ class ChaosClient:
         seq: int,
         values: list[str],
         deadline: float | None = None,
+        *,
+        direct: bool = True,
     ) -> str:
         """Send until acknowledged; retries keep the batch and its sequence. Records one Send
-        per value with the final outcome."""
+        per value with the final outcome. ``direct``: to the leader with ``Logbus-Route:
+        direct``; else each attempt to a running broker picked by the seeded rng, which
+        forwards it to the leader when it does not lead."""
         pid, epoch = session
         headers = {
-            **ROUTE_DIRECT,
+            **(ROUTE_DIRECT if direct else {}),
             "Logbus-Producer-Id": str(pid),
             "Logbus-Producer-Epoch": str(epoch),
             "Logbus-Sequence": str(seq),
@@ -589,7 +735,7 @@ class ChaosClient:
             ):
                 self._record_batch(partition, values, "info", None)
                 return "info"
-            broker = self._leader(partition)
+            broker = self._leader(partition) if direct else self._any_broker()
             url = (
                 f"{self.cluster.url(broker)}/v1/topics/{self.topic}/partitions/{partition}/records"
             )
@@ -608,15 +754,20 @@ class ChaosClient:
                 pass
             with self._attempts_lock:
                 self.attempts.append(
-                    Attempt(broker, partition, started, time.monotonic(), status, code)
+                    Attempt(broker, partition, started, time.monotonic(), status, code, direct)
                 )
             if status == 200:
                 offsets = [o["offset"] for o in answer["offsets"]]
                 self._record_batch(partition, values, "ok", offsets)
                 return "ok"
             if status == 421:
+                # A forwarding broker answers 421 only if it lost the leadership between its
+                # check and its append: the next attempt goes elsewhere anyway.
                 self._hint(partition, answer, broker)
                 continue
+            if status is not None and (status == 500 or (status >= 500 and code is None)):
+                with self._stats_lock:  # an internal error, not an answer: a bug
+                    self.stats.unexpected.append(f"{status} from broker {broker}: {answer!r}")
             retriable = (
                 status is None
                 or status >= 500
