@@ -161,7 +161,7 @@ class FastPath:
             return
         except LogbusError as e:
             reply = records.Reply(e.http_status, problem_bytes(e), PROBLEM_JSON)
-            if e.code is ErrorCode.BROKER_BUSY:
+            if e.code is ErrorCode.BROKER_BUSY or e.http_status == 503:
                 reply.headers["Retry-After"] = str(RETRY_AFTER_S)
         except Exception:
             log.exception("unexpected error on %s %s", method, scope["path"])

@@ -707,11 +707,19 @@ class Broker:
         if self.replicas is not None and self.forwarder is not None:
             self.check_partition(topic, partition)  # unknown partition: 404 before anything
             self._check_not_fenced(data)
-            if (direct_route.get() if direct is None else direct) or self.leads(topic, partition):
-                return await self.replicas.append(
-                    topic, partition, data, wait_for_isr=acks is Acks.ALL
+            direct = direct_route.get() if direct is None else direct
+            try:
+                if direct or self.leads(topic, partition):
+                    return await self.replicas.append(
+                        topic, partition, data, wait_for_isr=acks is Acks.ALL
+                    )
+                return await self.forwarder.append(
+                    topic, partition, data, acks_all=acks is Acks.ALL
                 )
-            return await self.forwarder.append(topic, partition, data, acks_all=acks is Acks.ALL)
+            except LogbusError as e:
+                if direct or e.code is not ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                    raise
+                raise _leadership_moved(topic, partition, e) from e
         p = self.partition(topic, partition)
         self._check_not_fenced(data)
         return await p.append(data, leader_epoch=0, durable=acks is Acks.ALL)
@@ -768,3 +776,18 @@ def _check_partition_count(partitions: int) -> None:
             f"partitions must be between 1 and {MAX_PARTITIONS_PER_TOPIC}",
             code=ErrorCode.INVALID_PARTITIONS,
         )
+
+
+def _leadership_moved(topic: str, partition: int, cause: LogbusError) -> LogbusError:
+    """421 is for a client that routes itself (``Logbus-Route: direct``): it names the leader
+    to go to. A client that let the broker route (curl behind a load balancer) cannot act on
+    it, so leadership moving under its request — during an ``acks=all`` wait, or between the
+    forwarder's last look at the metadata and the leader's answer — is a retriable 503 with
+    the same Kafka code."""
+    e = LogbusError(
+        f"leadership of {topic}-{partition} moved while the request was in flight: {cause.message}",
+        code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        **cause.detail,
+    )
+    e.http_status_override = 503
+    return e

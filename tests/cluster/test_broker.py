@@ -179,3 +179,44 @@ def test_a_cancelled_creation_still_lands_whole(tmp_path: Path) -> None:
             await broker.close()
 
     asyncio.run(main())
+
+
+class _MovedLeader:
+    """Stand-ins for the replica manager and forwarder of a clustered broker: leadership moves
+    under every append (the acks=all wait's answer, or a forwarded one)."""
+
+    def __init__(self, leads: bool) -> None:
+        self.leading = {("t", 0): type("L", (), {"active": True})()} if leads else {}
+
+    async def append(self, *args: Any, **kwargs: Any) -> Any:
+        raise LogbusError("leadership moved", code=ErrorCode.NOT_LEADER_OR_FOLLOWER)
+
+
+@pytest.mark.parametrize("leads", [True, False], ids=["leader here", "forwarded"])
+def test_leadership_moving_under_a_routed_produce_is_503_and_421_only_when_direct(
+    tmp_path: Path, leads: bool
+) -> None:
+    """421 names a leader for a client that routes itself; a client the broker routes for gets
+    a retriable 503 with the same Kafka code (the chaos run's any-broker writers saw 421s)."""
+    from cluster.broker import Acks
+
+    async def main() -> None:
+        broker = Broker(BrokerConfig(data_dir=tmp_path))
+        await broker.start()
+        try:
+            await broker.create_topic("t", partitions=1)
+            fake = _MovedLeader(leads)
+            broker.replicas, broker.forwarder = fake, fake  # type: ignore[assignment]
+            answers = {}
+            for direct in (False, True):
+                with pytest.raises(LogbusError) as caught:
+                    await broker.append("t", 0, b"", Acks.ALL, direct=direct)
+                answers[direct] = caught.value
+            assert answers[False].code is ErrorCode.NOT_LEADER_OR_FOLLOWER
+            assert answers[False].http_status == 503 and answers[False].retriable
+            assert answers[True].http_status == 421
+        finally:
+            broker.replicas = broker.forwarder = None
+            await broker.close()
+
+    asyncio.run(main())
