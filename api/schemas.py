@@ -132,26 +132,23 @@ class ReplicasChange(BaseModel):
     )
 
 
+_REASSIGNMENT_EXAMPLE: JsonDict = {
+    "topic": "orders",
+    "partition": 0,
+    "replicas": [2, 3, 1],
+    "adding_replicas": [3],
+    "removing_replicas": [1],
+    "isr": [1, 2],
+    "leader": 1,
+    "leader_epoch": 4,
+    "in_progress": True,
+}
+
+
 class ReassignmentPublic(BaseModel):
     """A partition's replica set as the reassignment call left it."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "topic": "orders",
-                    "partition": 0,
-                    "replicas": [2, 3, 1],
-                    "adding_replicas": [3],
-                    "removing_replicas": [1],
-                    "isr": [1, 2],
-                    "leader": 1,
-                    "leader_epoch": 4,
-                    "in_progress": True,
-                }
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"examples": [_REASSIGNMENT_EXAMPLE]})
 
     topic: str
     partition: int
@@ -168,6 +165,17 @@ class ReassignmentPublic(BaseModel):
 
 class DrainPublic(BaseModel):
     """The reassignments a drain started (one per partition that had a replica there)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "broker_id": 1,
+                    "reassignments": [_REASSIGNMENT_EXAMPLE],
+                }
+            ]
+        }
+    )
 
     broker_id: int
     reassignments: list[ReassignmentPublic]

@@ -554,21 +554,22 @@ class Broker:
         :mod:`cluster.controller`): the row as written, with ``adding_replicas`` /
         ``removing_replicas`` set while the move runs (none when nothing had to be copied, e.g.
         a new order of the same brokers). Answered by the controller's broker."""
-        self.check_partition(topic, partition)
         return await _completed(self._partition_change(topic, partition, target))
 
     async def cancel_reassignment(self, topic: str, partition: int) -> PartitionMeta:
         """Put a partition being reassigned back on its original replicas."""
-        self.check_partition(topic, partition)
         return await _completed(self._partition_change(topic, partition, None))
 
     async def _partition_change(
         self, topic: str, partition: int, target: list[int] | None
     ) -> PartitionMeta:
-        min_insync = self.log_config(topic).min_insync_replicas
         async with self._admin_lock:
             for _ in range(REASSIGN_ATTEMPTS):
-                row, brokers = await asyncio.to_thread(self._row_and_brokers, topic, partition)
+                # From the store, not this broker's copy: the call may reach the controller
+                # before its metadata poll has seen a topic created a moment ago elsewhere.
+                row, min_insync, brokers = await asyncio.to_thread(
+                    self._row_and_brokers, topic, partition
+                )
                 live = {b for b, alive in brokers.items() if alive}
                 try:
                     if target is not None:
@@ -592,12 +593,20 @@ class Broker:
                     return new
         raise ConcurrentUpdateError(f"{topic}-{partition} kept changing meanwhile; retry")
 
-    def _row_and_brokers(self, topic: str, partition: int) -> tuple[PartitionMeta, dict[int, bool]]:
-        row = self.store.topic(topic).assignments[partition]
+    def _row_and_brokers(
+        self, topic: str, partition: int
+    ) -> tuple[PartitionMeta, int, dict[int, bool]]:
+        """(the partition's row, its topic's min.insync.replicas, broker id -> alive)."""
+        meta = self.store.topic(topic)
+        if not 0 <= partition < len(meta.assignments):
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has no partition {partition}", topic=topic, partition=partition
+            )
+        min_insync = LogConfig.from_dict(meta.configs).min_insync_replicas
         brokers = {b.broker_id: b.alive for b in self.store.brokers()}
         if not self.config.clustered:
             brokers = {self.config.broker_id: True}
-        return row, brokers
+        return meta.assignments[partition], min_insync, brokers
 
     async def _controller_change(self, row: PartitionMeta, new: PartitionMeta) -> bool:
         if self.controller is None or not self.controller.active:

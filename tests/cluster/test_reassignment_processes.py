@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from cluster.metadata import MetadataStore, PartitionMeta
 
@@ -255,3 +256,55 @@ def test_bad_targets_are_refused_with_400(tmp_path: Path) -> None:
             timeout=30,
         )
         assert missing.status_code == 404, missing.text
+
+
+def test_drain_moves_every_replica_off_a_broker_with_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from api.cli import main
+
+    with brokers_on_one_store(tmp_path) as (url, brokers):
+        eventually(lambda: _all_alive(brokers[1].url, 3), "three live brokers and a controller")
+        r = httpx.post(
+            f"{brokers[1].url}/v1/topics",
+            json={"name": "drained", "partitions": 3, "replication_factor": 2},
+            timeout=30,
+        )
+        assert r.status_code == 201, r.text
+        for p in range(3):
+            w = httpx.post(
+                f"{brokers[2].url}/v1/topics/drained/partitions/{p}/records",
+                params={"acks": "all"},
+                json={"records": [{"value": f"p{p}-{i}"} for i in range(10)]},
+                timeout=30,
+            )
+            assert w.status_code == 200, w.text
+        store = MetadataStore(url)
+        try:
+            before = store.topic("drained").assignments
+            assert any(1 in row.replicas for row in before)
+            code = main(["cluster", "drain", "--broker", "1", "--wait", "--url", brokers[3].url])
+            assert code == 0, capsys.readouterr().err
+            after = store.topic("drained").assignments
+        finally:
+            store.close()
+        assert "broker 1 holds no replica now" in capsys.readouterr().out
+        for row in after:
+            assert 1 not in row.replicas and len(row.replicas) == 2 and not row.reassigning
+            assert set(row.isr) <= set(row.replicas) and row.leader in row.replicas
+        eventually(
+            lambda: not list(brokers[1].data_dir.glob("drained-*")) or None,
+            "broker 1 to delete its copies",
+        )
+        for p in range(3):
+            got = httpx.get(
+                f"{brokers[1].url}/v1/topics/drained/partitions/{p}/records",
+                params={"offset": 0},
+                timeout=30,
+            )
+            assert [rec["value"] for rec in got.json()["records"]] == [
+                f"p{p}-{i}" for i in range(10)
+            ]
+        # Draining a broker that holds nothing says so.
+        assert main(["cluster", "drain", "--broker", "1", "--url", brokers[2].url]) == 0
+        assert "holds no replica" in capsys.readouterr().out
