@@ -1,4 +1,5 @@
-"""Partition reassignment (KIP-455): the controller's pure steps, and the store writing them."""
+"""Partition reassignment (KIP-455): the controller's pure steps, the store writing them, and
+the replication simulation (:mod:`tests.cluster.sim`) with reassignments among its faults."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from cluster.controller import (
 )
 from cluster.metadata import MetadataStore, PartitionMeta, TopicMeta
 from cluster.replication import NO_LEADER
+from tests.cluster.sim import Simulation
+from tests.cluster.test_replication_sim import REPLAYING, _first_violation, _run_all
 
 BROKERS = {1: True, 2: True, 3: True, 4: False}  # id -> lease live
 
@@ -265,3 +268,37 @@ def test_the_store_keeps_a_reassignment_by_compare_and_set(store: MetadataStore)
     assert store.apply_controller_changes(ctl, [(moving.partition_epoch, done)]) == [done]
     assert store.topic("t").assignments[0] == done
     assert (done.replicas, done.leader, done.adding_replicas) == ([2, 3], 2, [])
+
+
+# -- the simulation -------------------------------------------------------------------------------
+
+SIM_SEEDS = range(100)  # ~300 fault steps each, reassignments among the faults: a few seconds
+
+
+def test_invariants_hold_while_partitions_are_reassigned() -> None:
+    """Crashes, pauses and cut links while the replica set changes: one leader per epoch, no
+    acknowledged record lost by an ISR member, logs agree below their HWs; afterwards the
+    target replicas (only) hold the log."""
+    totals = _run_all(Simulation, SIM_SEEDS, reassign=True)
+    if not REPLAYING:
+        for what in ("reassignments", "reassigned", "deleted", "acked", "elections"):
+            assert totals[what] > 10, (what, totals)
+        assert totals["cancelled"] > 0, totals
+
+
+class _CompletesBeforeInSync(Simulation):
+    """Broken on purpose: completes a reassignment before the new replicas are in sync (as if
+    the controller did not wait for the ISR), electing one of them if the leader leaves."""
+
+    @staticmethod
+    def complete(row: PartitionMeta, live: set[int], min_insync: int) -> PartitionMeta | None:
+        if not row.reassigning:
+            return None
+        target = row.target_replicas
+        synced = replace(row, isr=[b for b in row.replicas if b in row.isr or b in target])
+        return complete_reassignment(synced, live, 1)
+
+
+def test_a_completion_before_the_new_replicas_are_in_sync_is_caught() -> None:
+    violation = _first_violation(_CompletesBeforeInSync, 300, reassign=True)
+    assert "lost acknowledged" in violation or "differ below" in violation, violation
