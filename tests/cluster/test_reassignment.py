@@ -3,6 +3,7 @@ the replication simulation (:mod:`tests.cluster.sim`) with reassignments among i
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +22,11 @@ from cluster.controller import (
     validate_target,
 )
 from cluster.metadata import MetadataStore, PartitionMeta, TopicMeta
+from cluster.replica_manager import ReplicaManager, ReplicationConfig
 from cluster.replication import NO_LEADER
+from core_log.clock import ManualClock
+from core_log.config import LogConfig
+from core_log.manager import LogManager
 from tests.cluster.sim import Simulation
 from tests.cluster.test_replication_sim import REPLAYING, _first_violation, _run_all
 
@@ -302,3 +307,42 @@ class _CompletesBeforeInSync(Simulation):
 def test_a_completion_before_the_new_replicas_are_in_sync_is_caught() -> None:
     violation = _first_violation(_CompletesBeforeInSync, 300, reassign=True)
     assert "lost acknowledged" in violation or "differ below" in violation, violation
+
+
+# -- a broker applying the rows -------------------------------------------------------------------
+
+
+def test_a_broker_added_creates_its_copy_and_one_removed_deletes_it(tmp_path: Path) -> None:
+    """Broker 1 applies rows naming it a follower (a reassignment adds it: an empty log to copy
+    into), then rows without it (removed: the copy goes), and a copy left from before a restart
+    that no row names any more also goes."""
+
+    async def main() -> None:
+        logs = LogManager(
+            tmp_path / "data", clock=ManualClock(1_700_000_000_000), auto_high_watermark=False
+        )
+        await logs.start(background=False)
+        store = MetadataStore(f"sqlite:///{tmp_path / 'meta.db'}")
+        rm = ReplicaManager(
+            ReplicationConfig(broker_id=1), logs, store, ManualClock(0), lambda _t: LogConfig()
+        )
+        try:
+            await logs.create_many("stale", [0], LogConfig())  # held before a restart
+            moving = PartitionMeta("t", 0, [2, 1, 3], [2, 3], 2, 0, 1, adding_replicas=[1])
+            stale = PartitionMeta("stale", 0, [2], [2], 2, 0, 0)
+            topics = [
+                TopicMeta("t", "id", 1, 2, {}, 0, 1, [moving]),
+                TopicMeta("stale", "id2", 1, 1, {}, 0, 1, [stale]),
+            ]
+            await rm.apply(1, topics, [])
+            assert ("t", 0) in rm.following and logs.topics() == {"t": [0]}
+            done = replace(moving, replicas=[2, 3], adding_replicas=[], partition_epoch=2)
+            await rm.apply(2, [replace(topics[0], assignments=[done]), topics[1]], [])
+            assert ("t", 0) not in rm.following and logs.topics() == {}
+            assert not (tmp_path / "data" / "t-0").exists()
+        finally:
+            await rm.close()
+            await logs.close()
+            store.close()
+
+    asyncio.run(main())
