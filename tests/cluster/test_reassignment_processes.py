@@ -1,5 +1,6 @@
 """Partition reassignment on three real broker processes: a partition moves to another broker
-while acks=all writes go on, and a reassignment is cancelled."""
+while acks=all writes go on, a reassignment is cancelled, a broker is drained with the CLI, and
+bad targets are refused through any broker."""
 
 from __future__ import annotations
 
@@ -235,29 +236,6 @@ def test_a_reassignment_is_cancelled_back_to_the_original_replicas(tmp_path: Pat
         assert not (brokers[arriving].data_dir / f"{TOPIC}-0").exists()
 
 
-def test_bad_targets_are_refused_with_400(tmp_path: Path) -> None:
-    with brokers_on_one_store(tmp_path, count=2) as (_url, brokers):
-        eventually(lambda: _all_alive(brokers[1].url, 2), "two live brokers and a controller")
-        _create(brokers[1].url, replication_factor=1)
-        replicas = f"{brokers[2].url}/v1/topics/{TOPIC}/partitions/0/replicas"
-        for body, words in [
-            ({"replicas": []}, "at least one broker"),
-            ({"replicas": [1, 1]}, "more than once"),
-            ({"replicas": [7]}, "unknown broker id(s) [7]"),
-            ({"replicas": ["1"]}, "JSON number"),
-            ({"nope": [1]}, "replicas"),
-        ]:
-            r = httpx.put(replicas, json=body, timeout=30)
-            assert r.status_code == 400, (body, r.text)
-            assert words in r.json()["detail"], (body, r.text)
-        missing = httpx.put(
-            f"{brokers[2].url}/v1/topics/{TOPIC}/partitions/5/replicas",
-            json={"replicas": [1]},
-            timeout=30,
-        )
-        assert missing.status_code == 404, missing.text
-
-
 def test_drain_moves_every_replica_off_a_broker_with_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -279,6 +257,24 @@ def test_drain_moves_every_replica_off_a_broker_with_the_cli(
                 timeout=30,
             )
             assert w.status_code == 200, w.text
+        # Bad targets are refused by the controller, whichever broker is asked.
+        replicas = f"{brokers[2].url}/v1/topics/drained/partitions/0/replicas"
+        for body, words in [
+            ({"replicas": []}, "at least one broker"),
+            ({"replicas": [1, 1]}, "more than once"),
+            ({"replicas": [7]}, "unknown broker id(s) [7]"),
+            ({"replicas": ["1"]}, "JSON number"),
+            ({"nope": [1]}, "replicas"),
+        ]:
+            bad = httpx.put(replicas, json=body, timeout=30)
+            assert bad.status_code == 400, (body, bad.text)
+            assert words in bad.json()["detail"], (body, bad.text)
+        missing = httpx.put(
+            f"{brokers[2].url}/v1/topics/drained/partitions/5/replicas",
+            json={"replicas": [1]},
+            timeout=30,
+        )
+        assert missing.status_code == 404, missing.text
         store = MetadataStore(url)
         try:
             before = store.topic("drained").assignments
