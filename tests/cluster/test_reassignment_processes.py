@@ -42,6 +42,14 @@ def _row(url: str) -> PartitionMeta:
         store.close()
 
 
+def _row_of(url: str, topic: str) -> PartitionMeta:
+    store = MetadataStore(url)
+    try:
+        return store.topic(topic).assignments[0]
+    finally:
+        store.close()
+
+
 def _partition(base: str) -> dict[str, Any]:
     r = httpx.get(f"{base}/v1/topics/{TOPIC}/partitions", timeout=30)
     r.raise_for_status()
@@ -257,6 +265,20 @@ def test_drain_moves_every_replica_off_a_broker_with_the_cli(
                 timeout=30,
             )
             assert w.status_code == 200, w.text
+        # A reassignment sent to another broker is forwarded to the controller; a client that
+        # routes itself to a broker without the controller lease is told to retry.
+        controller = httpx.get(f"{brokers[1].url}/v1/cluster", timeout=30).json()["controller"]
+        other = next(b for i, b in brokers.items() if i != controller)
+        current = _row_of(url, "drained").replicas
+        path = f"{other.url}/v1/topics/drained/partitions/0/replicas"
+        same = httpx.put(path, json={"replicas": current}, timeout=30)
+        assert same.status_code == 200, same.text
+        assert same.headers["Logbus-Forwarded-To"] == str(controller)
+        reordered = current[::-1]  # a change (the preferred leader), so it needs the lease
+        direct = httpx.put(
+            path, json={"replicas": reordered}, headers={"Logbus-Route": "direct"}, timeout=30
+        )
+        assert direct.status_code == 503 and direct.json()["code"] == "NOT_CONTROLLER", direct.text
         # Bad targets are refused by the controller, whichever broker is asked.
         replicas = f"{brokers[2].url}/v1/topics/drained/partitions/0/replicas"
         for body, words in [
