@@ -8,7 +8,10 @@ bounded retries); the other commands talk to the first URL (any broker answers t
 error (``application/problem+json``) is printed on one line of stderr — ``CODE (status):
 detail`` — and the command exits 1; a usage error exits 2.
 
-* ``topics create|list|describe|alter|delete``: tables for people, ``--json`` for programs.
+* ``topics create|list|describe|alter|delete|reassign``: tables for people, ``--json`` for
+  programs. ``reassign`` moves a partition's replicas (or ``--cancel``s a move), ``cluster
+  drain`` every replica of a broker; both start the move and return (``describe`` or
+  ``--wait`` shows it finish).
 * ``produce``: lines from stdin, batched into NDJSON requests. The client picks each record's
   partition itself as a Kafka producer would (murmur2 of the key, or a sticky partition for
   keyless records), so it can keep up to ``--max-in-flight`` requests going at once while keeping
@@ -199,6 +202,47 @@ def _add_topics(
     delete.add_argument("name")
     delete.set_defaults(func=_command(_topics_delete))
 
+    reassign = tsub.add_parser(
+        "reassign",
+        parents=parents,
+        help="move a partition to other brokers (Kafka's kafka-reassign-partitions), or cancel",
+    )
+    reassign.add_argument("name")
+    reassign.add_argument("--partition", type=_non_negative_int, required=True)
+    action = reassign.add_mutually_exclusive_group(required=True)
+    action.add_argument(
+        "--replicas",
+        type=_broker_ids,
+        metavar="ID,ID,...",
+        help="the target brokers, preferred leader first (e.g. 2,3,1)",
+    )
+    action.add_argument(
+        "--cancel", action="store_true", help="go back to the replicas before the move"
+    )
+    reassign.add_argument(
+        "--wait", action="store_true", help="return once the move is complete (or cancelled)"
+    )
+    reassign.set_defaults(func=_command(_topics_reassign))
+
+
+def add_drain(
+    csub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """``logbus cluster drain --broker N`` (registered by :mod:`api.cluster_cli`)."""
+    conn = argparse.ArgumentParser(add_help=False)
+    add_connection_options(conn)
+    conn.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    drain = csub.add_parser(
+        "drain",
+        parents=[conn],
+        help="move every replica off a broker (before removing it from the cluster)",
+    )
+    drain.add_argument("--broker", type=_non_negative_int, required=True, metavar="ID")
+    drain.add_argument(
+        "--wait", action="store_true", help="return once no partition is being reassigned"
+    )
+    drain.set_defaults(func=_command(_cluster_drain))
+
 
 def _add_produce(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], parents: list[argparse.ArgumentParser]
@@ -333,6 +377,14 @@ def _non_negative_int(raw: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {raw!r}")
     return value
+
+
+def _broker_ids(raw: str) -> list[int]:
+    """``2,3,1``: broker ids, comma-separated (the broker checks they exist)."""
+    try:
+        return [_non_negative_int(part.strip()) for part in raw.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"broker ids, comma-separated: {raw!r}") from None
 
 
 def _batch_size(raw: str) -> int:
@@ -635,7 +687,14 @@ def _describe_text(t: dict[str, Any]) -> str:
         ],
         rows,
     )
-    return f"{head}\n\n{table}"
+    moving = [
+        f"partition {p['partition']}: reassigning, adding "
+        f"{ids(map(str, p['adding_replicas'])) or '-'}, removing "
+        f"{ids(map(str, p['removing_replicas'])) or '-'}"
+        for p in sorted(t["partition_details"], key=lambda p: p["partition"])
+        if p.get("adding_replicas") or p.get("removing_replicas")
+    ]
+    return "\n".join([f"{head}\n\n{table}", *moving])
 
 
 def _topics_alter(args: argparse.Namespace) -> int:
@@ -675,6 +734,87 @@ def _topics_delete(args: argparse.Namespace) -> int:
         _print_json({"topic": args.name, "deleted": True})
     else:
         print(f"deleted topic {args.name}")
+    return 0
+
+
+REASSIGN_POLL_S = 0.5  # --wait looks at the partitions this often
+
+
+def _topics_reassign(args: argparse.Namespace) -> int:
+    path = _topic_path(args.name, "partitions", args.partition, "replicas")
+    with _client(args) as client:
+        if args.cancel:
+            row = _request(client, "DELETE", path).json()
+        else:
+            row = _request(client, "PUT", path, json={"replicas": args.replicas}).json()
+        if args.wait and row["in_progress"]:
+            _wait_reassigned(client, {args.name: {args.partition}})
+            row["in_progress"] = False
+    if args.json:
+        _print_json(row)
+    elif args.cancel:
+        print(f"{args.name}-{args.partition}: cancelled, replicas {_ids(row['replicas'])}")
+    else:
+        print(_reassign_text(row))
+    return 0
+
+
+def _reassign_text(row: dict[str, Any]) -> str:
+    name = f"{row['topic']}-{row['partition']}"
+    if not row["in_progress"]:
+        return f"{name}: replicas {_ids(row['replicas'])}"
+    target = [r for r in row["replicas"] if r not in row["removing_replicas"]]
+    return (
+        f"{name}: reassigning to {_ids(target)}"
+        f" (adding {_ids(row['adding_replicas']) or '-'}, removing "
+        f"{_ids(row['removing_replicas']) or '-'})"
+    )
+
+
+def _ids(ids: Iterable[int]) -> str:
+    return ",".join(str(i) for i in ids)
+
+
+def _wait_reassigned(client: httpx.Client, pending: dict[str, set[int]]) -> None:
+    """Poll the partition listings until none of ``pending`` is being reassigned. There is no
+    overall deadline (a large partition takes as long as its copy does); each request has
+    ``--timeout``, and Ctrl-C stops waiting (the move goes on)."""
+    while pending:
+        for topic in list(pending):
+            parts = _request(client, "GET", _topic_path(topic, "partitions")).json()
+            moving = {
+                p["partition"]
+                for p in parts
+                if p.get("adding_replicas") or p.get("removing_replicas")
+            }
+            pending[topic] &= moving
+            if not pending[topic]:
+                del pending[topic]
+        if pending:
+            time.sleep(REASSIGN_POLL_S)
+
+
+def _cluster_drain(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        doc = _request(client, "POST", f"/v1/cluster/brokers/{args.broker}/drain").json()
+        if args.wait:
+            pending: dict[str, set[int]] = {}
+            for row in doc["reassignments"]:
+                if row["in_progress"]:
+                    pending.setdefault(row["topic"], set()).add(row["partition"])
+            _wait_reassigned(client, pending)
+            for row in doc["reassignments"]:
+                row["in_progress"] = False
+    if args.json:
+        _print_json(doc)
+        return 0
+    if not doc["reassignments"]:
+        print(f"broker {args.broker} holds no replica")
+        return 0
+    for row in doc["reassignments"]:
+        print(_reassign_text(row))
+    if args.wait:
+        print(f"broker {args.broker} holds no replica now")
     return 0
 
 

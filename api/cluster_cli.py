@@ -1,4 +1,5 @@
 """``logbus cluster up``: a local cluster of broker processes, for trying the cluster out.
+(``logbus cluster drain`` is a client command: see :mod:`api.client_cli`.)
 
 Theory of operation. The command migrates the metadata store once (Alembic, as ``logbus
 metadata upgrade`` does; brokers would race to create a fresh SQLite file otherwise), then
@@ -83,6 +84,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="passed to every broker: allow a non-loopback --host without authentication",
     )
     up.set_defaults(func=cluster_up)
+    from .client_cli import add_drain
+
+    add_drain(csub)
 
 
 @dataclass

@@ -69,7 +69,12 @@ class _PartitionCollector(Collector):
         isr = GaugeMetricFamily("logbus_partition_isr_size", "In-sync replicas", labels=labels)
         under = GaugeMetricFamily(
             "logbus_partition_under_replicated",
-            "1 while the ISR is smaller than the replicas",
+            "1 while the ISR is smaller than the replicas (the target ones while reassigning)",
+            labels=labels,
+        )
+        moving = GaugeMetricFamily(
+            "logbus_partition_reassigning",
+            "1 while a reassignment of the partition is in progress",
             labels=labels,
         )
         lag = GaugeMetricFamily(
@@ -80,13 +85,16 @@ class _PartitionCollector(Collector):
         for (topic, partition), leading in self.broker.replicas.leading.items():
             key = [topic, str(partition)]
             state = leading.replica.state
+            row = self.broker.replicas.rows.get((topic, partition))
+            target = len(row.target_replicas) if row is not None else len(state.replicas)
             isr.add_metric(key, len(state.isr))
-            under.add_metric(key, 1 if len(state.isr) < len(state.replicas) else 0)
+            under.add_metric(key, 1 if len(state.isr) < target else 0)
+            moving.add_metric(key, 1 if row is not None and row.reassigning else 0)
             end = leading.partition.log_end_offset
             for follower, pos in leading.replica.followers.items():
                 behind = end - pos.log_end_offset if pos.log_end_offset >= 0 else -1
                 lag.add_metric([*key, str(follower)], behind)
-        yield from (isr, under, lag)
+        yield from (isr, under, moving, lag)
 
 
 class _LogDirCollector(Collector):

@@ -6,8 +6,9 @@ and are forwarded here instead, as the HTTP request they are:
 
 * **group calls** (``/v1/groups/{group}/…``) go to the group's coordinator, the leader of the
   group's ``__consumer_offsets`` partition, which holds the group's members in memory;
-* **admin changes** (create and delete a topic, add partitions, alter configs) go to the broker
-  holding the controller lease, which places replicas and drives the change on every broker.
+* **admin changes** (create and delete a topic, add partitions, alter configs, reassign or
+  cancel a partition's replicas, drain a broker) go to the broker holding the controller
+  lease, which places replicas and drives the change on every broker.
 
 The forwarded request carries ``Logbus-Forwarded-By``, so the target answers it itself and a
 request never travels twice (a target that no longer coordinates the group answers 421
@@ -41,6 +42,9 @@ _ADMIN = (
     ("DELETE", re.compile(r"^/v1/topics/[^/]+/?$")),
     ("PATCH", re.compile(r"^/v1/topics/[^/]+/configs/?$")),
     ("POST", re.compile(r"^/v1/topics/[^/]+/partitions/?$")),
+    ("PUT", re.compile(r"^/v1/topics/[^/]+/partitions/[^/]+/replicas/?$")),
+    ("DELETE", re.compile(r"^/v1/topics/[^/]+/partitions/[^/]+/replicas/?$")),
+    ("POST", re.compile(r"^/v1/cluster/brokers/[^/]+/drain/?$")),
 )
 # Request headers passed on (the rest are the hop's own or the front door's).
 _PASSED = {

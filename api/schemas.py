@@ -45,6 +45,8 @@ _PARTITION_EXAMPLE: JsonDict = {
     "high_watermark": 42,
     "log_end_offset": 42,
     "unclean_elections": 0,
+    "adding_replicas": [],
+    "removing_replicas": [],
 }
 _TOPIC_EXAMPLE: JsonDict = {
     "name": "orders",
@@ -102,6 +104,81 @@ class PartitionPublic(BaseModel):
         description="leaders elected from outside the ISR so far "
         "(unclean.leader.election.enable): each may have lost acknowledged records",
     )
+    adding_replicas: list[int] = Field(
+        default_factory=list,
+        description="a reassignment in progress: replicas copying the log (not in the ISR "
+        "yet, or not confirmed); empty when none runs",
+    )
+    removing_replicas: list[int] = Field(
+        default_factory=list,
+        description="a reassignment in progress: replicas deleted once every adding one is "
+        "in the ISR",
+    )
+
+
+# The largest replica list a reassignment may name (Kafka caps nothing; 64 is far beyond any
+# useful replication factor and keeps the request small).
+MAX_REASSIGN_REPLICAS = 64
+
+
+class ReplicasChange(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"replicas": [2, 3]}]}
+    )
+    replicas: list[JsonInt] = Field(
+        max_length=MAX_REASSIGN_REPLICAS,
+        description="the target broker ids, preferred leader first; the count may differ from "
+        "the current replication factor (not below min.insync.replicas)",
+    )
+
+
+_REASSIGNMENT_EXAMPLE: JsonDict = {
+    "topic": "orders",
+    "partition": 0,
+    "replicas": [2, 3, 1],
+    "adding_replicas": [3],
+    "removing_replicas": [1],
+    "isr": [1, 2],
+    "leader": 1,
+    "leader_epoch": 4,
+    "in_progress": True,
+}
+
+
+class ReassignmentPublic(BaseModel):
+    """A partition's replica set as the reassignment call left it."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [_REASSIGNMENT_EXAMPLE]})
+
+    topic: str
+    partition: int
+    replicas: list[int] = Field(description="target replicas first, then the removing ones")
+    adding_replicas: list[int]
+    removing_replicas: list[int]
+    isr: list[int]
+    leader: int
+    leader_epoch: int
+    in_progress: bool = Field(
+        description="true until every adding replica is in sync and the removing ones are gone"
+    )
+
+
+class DrainPublic(BaseModel):
+    """The reassignments a drain started (one per partition that had a replica there)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "broker_id": 1,
+                    "reassignments": [_REASSIGNMENT_EXAMPLE],
+                }
+            ]
+        }
+    )
+
+    broker_id: int
+    reassignments: list[ReassignmentPublic]
 
 
 class TopicPublic(BaseModel):
@@ -211,7 +288,9 @@ class PartitionHealthPublic(BaseModel):
     """Partition counts over every topic, from the metadata store."""
 
     total: int
-    under_replicated: int = Field(description="ISR smaller than the replica set")
+    under_replicated: int = Field(
+        description="ISR smaller than the replica set (the target set while reassigning)"
+    )
     under_min_isr: int = Field(
         description="ISR below min.insync.replicas: acks=all writes answer NOT_ENOUGH_REPLICAS"
     )

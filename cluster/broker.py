@@ -44,7 +44,17 @@ from core_log.limits import DEFAULT_MAX_BROKER_PARTITIONS, MAX_PARTITIONS_PER_TO
 from core_log.log import AppendResult
 from core_log.manager import LogManager, Partition, validate_topic_name
 
-from .controller import Controller, assign_replicas, live_placement
+from .controller import (
+    Controller,
+    ReassignmentConflict,
+    ReassignmentError,
+    assign_replicas,
+    cancel_reassignment,
+    drain_plan,
+    live_placement,
+    start_reassignment,
+    validate_target,
+)
 from .forwarding import PATHS as FORWARDED_PATHS
 from .forwarding import (
     FollowerPartition,
@@ -54,7 +64,13 @@ from .forwarding import (
     direct_route,
     synced,
 )
-from .metadata import BrokerMeta, MetadataStore, PartitionMeta, TopicMeta
+from .metadata import (
+    BrokerMeta,
+    ConcurrentUpdateError,
+    MetadataStore,
+    PartitionMeta,
+    TopicMeta,
+)
 from .partitioner import StickyPartitioner, partition_for_key
 from .replica_manager import ReplicaManager, ReplicationConfig
 
@@ -118,6 +134,8 @@ class BrokerConfig:
 # Describing a topic asks each partition's leader for its offsets: a few at a time, briefly.
 DESCRIBE_CONCURRENCY = 32
 DESCRIBE_TIMEOUT_S = 2.0
+# A reassignment races only the controller's own passes on the same row: a few tries suffice.
+REASSIGN_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -135,8 +153,10 @@ class PartitionHealth:
             min_isr = LogConfig.from_dict(t.configs).min_insync_replicas
             for a in t.assignments:
                 total += 1
-                under += len(a.isr) < len(a.replicas)
-                below_min += len(a.isr) < min(min_isr, len(a.replicas))
+                # Kafka's rule during a reassignment: the target's size, not the union's.
+                rf = len(a.target_replicas)
+                under += len(a.isr) < rf
+                below_min += len(a.isr) < min(min_isr, rf)
                 offline += a.leader < 0
                 unclean += a.unclean_elections
         return cls(total, under, below_min, offline, unclean)
@@ -251,6 +271,7 @@ class Broker:
             auto_rebalance=cfg.auto_leader_rebalance_enable,
             unclean_for=lambda t: self.log_config(t).unclean_leader_election,
             monotonic_ms=lambda: int(self.clock.monotonic_ms()),
+            min_insync_for=lambda t: self.log_config(t).min_insync_replicas,
         )
         self._controller_task = asyncio.create_task(self.controller.run(), name="logbus-ctl")
         self.ready = True
@@ -523,6 +544,100 @@ class Broker:
             PartitionMeta(name, p, r, list(r), r[0], 0, 0)
             for p, r in zip(range(first, total), plan, strict=True)
         ]
+
+    # -- reassignment ----------------------------------------------------------------------------
+
+    async def reassign_partition(
+        self, topic: str, partition: int, target: list[int]
+    ) -> PartitionMeta:
+        """Start moving a partition to the ``target`` replicas (KIP-455, see
+        :mod:`cluster.controller`): the row as written, with ``adding_replicas`` /
+        ``removing_replicas`` set while the move runs (none when nothing had to be copied, e.g.
+        a new order of the same brokers). Answered by the controller's broker."""
+        return await _completed(self._partition_change(topic, partition, target))
+
+    async def cancel_reassignment(self, topic: str, partition: int) -> PartitionMeta:
+        """Put a partition being reassigned back on its original replicas."""
+        return await _completed(self._partition_change(topic, partition, None))
+
+    async def _partition_change(
+        self, topic: str, partition: int, target: list[int] | None
+    ) -> PartitionMeta:
+        async with self._admin_lock:
+            for _ in range(REASSIGN_ATTEMPTS):
+                # From the store, not this broker's copy: the call may reach the controller
+                # before its metadata poll has seen a topic created a moment ago elsewhere.
+                row, min_insync, brokers = await asyncio.to_thread(
+                    self._row_and_brokers, topic, partition
+                )
+                live = {b for b, alive in brokers.items() if alive}
+                try:
+                    if target is not None:
+                        validate_target(row, target, brokers, min_insync)
+                        new = start_reassignment(row, target)
+                    else:
+                        new = cancel_reassignment(row, live, min_insync)
+                except ReassignmentError as e:
+                    raise LogbusError(
+                        str(e), code=ErrorCode.INVALID_REPLICA_ASSIGNMENT, topic=topic
+                    ) from None
+                except ReassignmentConflict as e:
+                    code = ErrorCode.REASSIGNMENT_IN_PROGRESS
+                    if not e.in_progress:
+                        code = ErrorCode.NO_REASSIGNMENT_IN_PROGRESS
+                    raise LogbusError(str(e), code=code, topic=topic) from None
+                if new is None:
+                    return row
+                if await self._controller_change(row, new):
+                    await self.refresh_metadata()
+                    return new
+        raise ConcurrentUpdateError(f"{topic}-{partition} kept changing meanwhile; retry")
+
+    def _row_and_brokers(
+        self, topic: str, partition: int
+    ) -> tuple[PartitionMeta, int, dict[int, bool]]:
+        """(the partition's row, its topic's min.insync.replicas, broker id -> alive)."""
+        meta = self.store.topic(topic)
+        if not 0 <= partition < len(meta.assignments):
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has no partition {partition}", topic=topic, partition=partition
+            )
+        min_insync = LogConfig.from_dict(meta.configs).min_insync_replicas
+        brokers = {b.broker_id: b.alive for b in self.store.brokers()}
+        if not self.config.clustered:
+            brokers = {self.config.broker_id: True}
+        return meta.assignments[partition], min_insync, brokers
+
+    async def _controller_change(self, row: PartitionMeta, new: PartitionMeta) -> bool:
+        if self.controller is None or not self.controller.active:
+            raise LogbusError(
+                f"broker {self.config.broker_id} is not the controller now (the controller "
+                "answers reassignments; any broker forwards them to it): retry",
+                code=ErrorCode.NOT_CONTROLLER,
+            )
+        try:
+            return await self.controller.change(row, new)
+        except ConcurrentUpdateError:
+            raise LogbusError(
+                f"broker {self.config.broker_id} lost the controller lease: retry",
+                code=ErrorCode.NOT_CONTROLLER,
+            ) from None
+
+    async def drain_plan(self, broker_id: int) -> dict[tuple[str, int], list[int]]:
+        """Targets moving every replica off ``broker_id`` (see
+        :func:`cluster.controller.drain_plan`); nothing is changed."""
+        brokers, topics = await asyncio.gather(
+            asyncio.to_thread(self.store.brokers), asyncio.to_thread(self.store.topics)
+        )
+        if broker_id not in {b.broker_id for b in brokers}:
+            raise LogbusError(
+                f"unknown broker id {broker_id}", code=ErrorCode.INVALID_REPLICA_ASSIGNMENT
+            )
+        rows = [r for t in topics for r in t.assignments]
+        try:
+            return drain_plan(rows, broker_id, live_placement(brokers))
+        except ReassignmentError as e:
+            raise LogbusError(str(e), code=ErrorCode.INVALID_REPLICA_ASSIGNMENT) from None
 
     # -- producers -------------------------------------------------------------------------------
 

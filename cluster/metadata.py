@@ -62,6 +62,19 @@ class PartitionMeta:
     leader_epoch: int
     partition_epoch: int
     unclean_elections: int = 0
+    # A reassignment in progress (KIP-455; see cluster.controller): ``replicas`` holds the
+    # target replicas first, then the ones being removed.
+    adding_replicas: list[int] = field(default_factory=list)
+    removing_replicas: list[int] = field(default_factory=list)
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding_replicas or self.removing_replicas)
+
+    @property
+    def target_replicas(self) -> list[int]:
+        """The replicas the partition ends with (its replicas when nothing is in progress)."""
+        return [b for b in self.replicas if b not in self.removing_replicas]
 
 
 @dataclass(frozen=True)
@@ -375,11 +388,11 @@ class MetadataStore:
     def apply_controller_changes(
         self, controller: tuple[int, int], changes: list[tuple[int, PartitionMeta]]
     ) -> list[PartitionMeta]:
-        """The controller's decisions (elections, ISR removals of fenced brokers) in one
-        transaction: each a compare-and-set on the partition epoch it was computed from
-        (``(seen_partition_epoch, new_row)``), all under a live lease of ``controller`` =
-        (broker id, controller epoch). Returns the rows applied (a row changed meanwhile is
-        skipped: the controller looks again on its next pass)."""
+        """The controller's decisions (elections, ISR removals of fenced brokers, the steps of
+        a partition reassignment) in one transaction: each a compare-and-set on the partition
+        epoch it was computed from (``(seen_partition_epoch, new_row)``), all under a live
+        lease of ``controller`` = (broker id, controller epoch). Returns the rows applied (a
+        row changed meanwhile is skipped: the controller looks again on its next pass)."""
         broker_id, controller_epoch = controller
         t, p = controller_table.c, partitions_table.c
         applied: list[PartitionMeta] = []
@@ -403,6 +416,9 @@ class MetadataStore:
                         p.partition_epoch == seen_epoch,
                     )
                     .values(
+                        replicas=new.replicas,
+                        adding_replicas=new.adding_replicas,
+                        removing_replicas=new.removing_replicas,
                         isr=new.isr,
                         leader=new.leader,
                         leader_epoch=new.leader_epoch,
@@ -683,6 +699,8 @@ def _partition_row(p: PartitionMeta) -> dict[str, Any]:
         "leader_epoch": p.leader_epoch,
         "partition_epoch": p.partition_epoch,
         "unclean_elections": p.unclean_elections,
+        "adding_replicas": p.adding_replicas,
+        "removing_replicas": p.removing_replicas,
     }
 
 
@@ -696,6 +714,8 @@ def _partition_meta(r: Any) -> PartitionMeta:
         r.leader_epoch,
         r.partition_epoch,
         r.unclean_elections,
+        list(r.adding_replicas),
+        list(r.removing_replicas),
     )
 
 

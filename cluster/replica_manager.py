@@ -10,7 +10,11 @@ Theory of operation
   and :meth:`apply`-ies them: a partition whose row names this broker leader (in an epoch it
   does not lead yet) becomes a :class:`Leading` one — the new epoch is recorded at the log end
   first; one led elsewhere becomes a :class:`Following` one, fetched by the fetcher of its
-  leader; a partition no longer assigned here is deleted.
+  leader (a broker that a partition increase or a reassignment adds creates an empty log and
+  copies it); a partition no longer assigned here (topic deleted, or reassigned away) is
+  deleted. In the same leader epoch a new row only updates the leader's view of the replicas
+  (:meth:`cluster.replication.LeaderReplica.apply`: added ones are tracked, removed ones
+  refused).
 * **Lease.** A heartbeat every ``broker_heartbeat_interval_ms`` renews the lease. If the store
   refuses it (expired: the controller may already have moved leadership) or no renewal has
   succeeded for ``broker_session_timeout_ms`` (measured on this machine's monotonic clock from
@@ -212,13 +216,15 @@ class ReplicaManager:
                 if self._configs.get(t.name, t.configs) != t.configs:
                     await self.logs.update_config(t.name, LogConfig.from_dict(t.configs))
             self._configs = {t.name: t.configs for t in topics}
-            local = [(t, p) for t, ps in self.logs.topics().items() for p in ps]
+            local = {(t, p) for t, ps in self.logs.topics().items() for p in ps}
             gone = [tp for tp in local if tp not in rows]
             for tp in gone:
                 await self._drop(tp)
             for tp, row in rows.items():
                 if self.me not in row.replicas:
-                    if tp in self.leading or tp in self.following:
+                    # Not a replica (any more): a reassignment moved it away, perhaps while
+                    # this broker was down, so a copy without a role goes too.
+                    if tp in self.leading or tp in self.following or tp in local:
                         await self._drop(tp)
                     continue
                 part = await self._local(tp)

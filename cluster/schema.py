@@ -44,6 +44,10 @@ partitions_table = sa.Table(
     sa.Column("partition_epoch", sa.Integer, nullable=False),
     # Unclean elections this partition went through (each may have lost acknowledged data).
     sa.Column("unclean_elections", sa.Integer, nullable=False, server_default="0"),
+    # A reassignment in progress (KIP-455): replicas = original + target; these say which
+    # replicas are being added (target - original) and removed (original - target).
+    sa.Column("adding_replicas", sa.JSON, nullable=False, server_default=sa.text("'[]'")),
+    sa.Column("removing_replicas", sa.JSON, nullable=False, server_default=sa.text("'[]'")),
 )
 
 brokers_table = sa.Table(

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Path, Response
 
+from core_log.errors import LogbusError
 from core_log.limits import MAX_PARTITIONS_PER_TOPIC
 
-from ..schemas import BrokerPublic, ClusterPublic, PartitionHealthPublic
+from ..params import PARTITION_MAX, Digits
+from ..schemas import BrokerPublic, ClusterPublic, DrainPublic, PartitionHealthPublic
 from ..state import AppState, BrokerDep, StateDep
+from .common import errors
+from .topics import reassignment
 
 router = APIRouter(tags=["cluster"])
 
@@ -41,6 +46,32 @@ async def cluster(state: StateDep) -> ClusterPublic:
         partitions=PartitionHealthPublic(**dataclasses.asdict(view.health)),
         limits=limits(state),
     )
+
+
+@router.post(
+    "/v1/cluster/brokers/{broker_id}/drain",
+    status_code=202,
+    summary="Move every replica off a broker (before removing it)",
+    description="Reassigns each partition with a replica on the broker: that replica is "
+    "replaced by the live broker holding the fewest replicas (on the same rack where one is "
+    "free). The reassignments then run as `PUT …/partitions/{p}/replicas` ones do; the broker "
+    "holds nothing once `adding_replicas` is empty everywhere. Any broker forwards the call "
+    "to the controller.",
+    responses=errors(400, 409, 503),
+)
+async def drain(
+    broker_id: Annotated[int, Path(ge=0, le=PARTITION_MAX, description="broker id"), Digits],
+    broker: BrokerDep,
+) -> DrainPublic:
+    plan = await broker.drain_plan(broker_id)
+    started = []
+    for (topic, partition), target in sorted(plan.items()):
+        try:
+            started.append(reassignment(await broker.reassign_partition(topic, partition, target)))
+        except LogbusError as e:
+            e.detail.setdefault("started", [r.model_dump() for r in started])
+            raise
+    return DrainPublic(broker_id=broker_id, reassignments=started)
 
 
 # Settings shown in ``limits`` as they are; max_connections is shown as the cap in force.

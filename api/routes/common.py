@@ -14,13 +14,13 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """Document each status as a problem+json answer."""
     descriptions = {
         400: "Invalid request (INVALID_REQUEST, INVALID_TOPIC_EXCEPTION, INVALID_CONFIG, "
-        "CORRUPT_MESSAGE, ...)",
+        "INVALID_REPLICA_ASSIGNMENT, CORRUPT_MESSAGE, ...)",
         403: "Not allowed (TOPIC_AUTHORIZATION_FAILED: an internal topic is read through the "
         "group API only; ORIGIN_NOT_ALLOWED)",
         404: "Unknown topic or partition (UNKNOWN_TOPIC_OR_PARTITION)",
         406: "Cannot answer in the Accept type (NOT_ACCEPTABLE)",
         409: "Conflict (TOPIC_ALREADY_EXISTS, CONCURRENT_UPDATE, OUT_OF_ORDER_SEQUENCE_NUMBER, "
-        "INVALID_PRODUCER_EPOCH)",
+        "INVALID_PRODUCER_EPOCH, NO_REASSIGNMENT_IN_PROGRESS, REASSIGNMENT_IN_PROGRESS)",
         413: "Body or batch too large (PAYLOAD_TOO_LARGE, MESSAGE_TOO_LARGE, "
         "RECORD_LIST_TOO_LARGE)",
         415: "Unsupported content type (UNSUPPORTED_MEDIA_TYPE)",
@@ -28,7 +28,7 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         422: "Idempotency-Key already used with another request (IDEMPOTENCY_KEY_REUSED)",
         500: "A stored record no reader can serve (CORRUPT_MESSAGE, not retriable): the body "
         "names its offset and the next_offset to read on from",
-        503: "Storage or broker unavailable (KAFKA_STORAGE_ERROR), retriable",
+        503: "Storage or broker unavailable (KAFKA_STORAGE_ERROR, NOT_CONTROLLER), retriable",
     }
     return {
         s: {

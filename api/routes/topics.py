@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from cluster.broker import INTERNAL_TOPICS, Broker
-from cluster.metadata import TopicMeta
+from cluster.metadata import PartitionMeta, TopicMeta
 from core_log.config import LogConfig
 
 from ..params import UINT_PATTERN, PartitionPath
@@ -17,7 +17,9 @@ from ..schemas import (
     OffsetPublic,
     PartitionPublic,
     PartitionsIncrease,
+    ReassignmentPublic,
     ReplicaPublic,
+    ReplicasChange,
     TopicCreate,
     TopicDetail,
     TopicList,
@@ -78,9 +80,25 @@ async def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
                 log_end_offset=leo,
                 local_replica=local,
                 unclean_elections=a.unclean_elections,
+                adding_replicas=a.adding_replicas,
+                removing_replicas=a.removing_replicas,
             )
         )
     return out
+
+
+def reassignment(row: PartitionMeta) -> ReassignmentPublic:
+    return ReassignmentPublic(
+        topic=row.topic,
+        partition=row.partition,
+        replicas=row.replicas,
+        adding_replicas=row.adding_replicas,
+        removing_replicas=row.removing_replicas,
+        isr=row.isr,
+        leader=row.leader,
+        leader_epoch=row.leader_epoch,
+        in_progress=row.reassigning,
+    )
 
 
 @router.post(
@@ -151,6 +169,48 @@ async def add_partitions(topic: str, body: PartitionsIncrease, broker: BrokerDep
 )
 async def list_partitions(topic: str, broker: BrokerDep) -> list[PartitionPublic]:
     return await _partitions(broker, broker.topic(topic))
+
+
+@router.put(
+    "/{topic}/partitions/{partition}/replicas",
+    status_code=202,
+    summary="Reassign a partition's replicas (Kafka's kafka-reassign-partitions, KIP-455)",
+    description="Starts moving the partition to the given brokers: the new replicas copy the "
+    "log, and once all are in the ISR the controller drops the ones not named (moving the "
+    "leader if it is one of them). 202 while the move runs (watch `adding_replicas` / "
+    "`removing_replicas` in `GET /v1/topics/{topic}/partitions`); 200 when nothing had to be "
+    "copied (the same brokers, or a new order of them). A reassignment of a partition being "
+    "reassigned replaces it. Any broker forwards the call to the controller.",
+    responses={
+        200: {"description": "applied at once (nothing to copy)", "model": ReassignmentPublic},
+        **errors(400, 404, 409, 503),
+    },
+)
+async def reassign_partition(
+    topic: str,
+    partition: PartitionPath,
+    body: ReplicasChange,
+    broker: BrokerDep,
+    response: Response,
+) -> ReassignmentPublic:
+    row = await broker.reassign_partition(topic, partition, list(body.replicas))
+    if not row.reassigning:
+        response.status_code = 200
+    return reassignment(row)
+
+
+@router.delete(
+    "/{topic}/partitions/{partition}/replicas",
+    summary="Cancel a partition's reassignment: back to its original replicas",
+    description="409 `NO_REASSIGNMENT_IN_PROGRESS` when none runs; 409 "
+    "`REASSIGNMENT_IN_PROGRESS` (retriable) while going back would leave fewer in-sync "
+    "replicas than min.insync.replicas.",
+    responses=errors(404, 409, 503),
+)
+async def cancel_reassignment(
+    topic: str, partition: PartitionPath, broker: BrokerDep
+) -> ReassignmentPublic:
+    return reassignment(await broker.cancel_reassignment(topic, partition))
 
 
 @router.get(

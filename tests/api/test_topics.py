@@ -33,6 +33,8 @@ PARTITION_FIELDS = {
     "log_end_offset",
     "local_replica",
     "unclean_elections",
+    "adding_replicas",
+    "removing_replicas",
 }
 
 
@@ -468,3 +470,32 @@ def test_offsets_unknown_partition_or_topic_is_404(http: httpx.Client) -> None:
     assert_problem(r, 404, "UNKNOWN_TOPIC_OR_PARTITION")
     r = http.get("/v1/topics/no-such-topic/partitions/0/offsets", params={"at": "earliest"})
     assert_problem(r, 404, "UNKNOWN_TOPIC_OR_PARTITION")
+
+
+# -- replica reassignment (a single broker: the only list is its own id) --------------------------
+
+
+def test_a_single_broker_accepts_its_own_id_and_refuses_others(http: httpx.Client) -> None:
+    name = create_topic(http, "reassign1")
+    path = f"/v1/topics/{name}/partitions/0/replicas"
+    same = http.put(path, json={"replicas": [1]})
+    assert same.status_code == 200, same.text
+    assert same.json()["replicas"] == [1] and not same.json()["in_progress"]
+    bad = assert_problem(
+        http.put(path, json={"replicas": [1, 2]}), 400, "INVALID_REPLICA_ASSIGNMENT"
+    )
+    assert "unknown broker id(s) [2]" in bad["detail"]
+    assert_problem(http.put(path, json={"replicas": []}), 400, "INVALID_REPLICA_ASSIGNMENT")
+    assert_problem(http.put(path, json={"replicas": [1, 1]}), 400, "INVALID_REPLICA_ASSIGNMENT")
+    assert_problem(http.put(path, json={"replicas": [True]}), 400, "INVALID_REQUEST")
+    assert_problem(http.put(path, json={"replicas": list(range(65))}), 400, "INVALID_REQUEST")
+    assert_problem(http.delete(path), 409, "NO_REASSIGNMENT_IN_PROGRESS")
+    gone = f"/v1/topics/{name}/partitions/1/replicas"
+    assert_problem(http.put(gone, json={"replicas": [1]}), 404, "UNKNOWN_TOPIC_OR_PARTITION")
+    assert_problem(
+        http.put("/v1/topics/no-such-topic/partitions/0/replicas", json={"replicas": [1]}),
+        404,
+        "UNKNOWN_TOPIC_OR_PARTITION",
+    )
+    [listed] = http.get(f"/v1/topics/{name}/partitions").json()
+    assert (listed["adding_replicas"], listed["removing_replicas"]) == ([], [])

@@ -27,15 +27,22 @@ Theory of operation
 * **Network**: every message between brokers, and between a broker and the store, is delayed
   (1 to 15 ms), sometimes dropped, reordered by its delay, and lost on a cut link or a restart.
 * **Faults** (first part of a run): crash / power loss / restart, pause (SIGSTOP) / resume,
-  cut and heal links, retention moving the log start. Then a **quiet period** with every broker
-  up and every link healed, after which the logs must have converged.
+  cut and heal links, retention moving the log start; with ``reassign`` also partition
+  reassignments (KIP-455) to random targets and their cancellation, made as the admin call
+  makes them (:func:`cluster.controller.validate_target` and
+  :func:`~cluster.controller.start_reassignment`, a CAS on the partition epoch) and completed
+  by the controller's :func:`~cluster.controller.complete_reassignment`; a broker dropped
+  from the replicas deletes its log (an empty one if it is added again later). Then a **quiet
+  period** with every broker up and every link healed, after which the logs must have
+  converged.
 
 Invariants (:meth:`Simulation.check`): at most one leader per leader epoch (in the store and
 among the brokers acting as leader); no replica's HW goes back within one incarnation (a restart
 re-learns it from its checkpoint, so the floor restarts there); every acknowledged record is in
 the log of every live ISR member at its offset with its value (above the member's log start);
 any two replicas agree below the smaller of their HWs; after the quiet period every replica
-holds the same log, the ISR is every replica and the HW is the log end. An unclean election may
+holds the same log, the ISR is every replica and the HW is the log end (and no reassignment
+is in progress; brokers that are not replicas hold nothing). An unclean election may
 lose acknowledged records; it is counted in the row, and then only the counted loss, one leader
 per epoch and convergence are required.
 """
@@ -50,7 +57,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cluster.controller import decide
+from cluster.controller import (
+    ReassignmentConflict,
+    ReassignmentError,
+    cancel_reassignment,
+    complete_reassignment,
+    decide,
+    start_reassignment,
+    validate_target,
+)
 from cluster.metadata import PartitionMeta
 from cluster.replication import (
     NO_LEADER,
@@ -96,6 +111,7 @@ class SimConfig:
     request_timeout_ms: int = 150
     fetch_timeout_ms: int = 60
     drop_rate: float = 0.02
+    reassign: bool = False  # partition reassignments among the faults (opt-in: see tests)
 
     @classmethod
     def from_seed(cls, seed: int, steps: int = 300, **overrides: Any) -> SimConfig:
@@ -337,6 +353,9 @@ class Simulation:
     elect: Callable[[PartitionMeta, set[int], bool, bool], PartitionMeta | None] = staticmethod(
         decide
     )
+    complete: Callable[[PartitionMeta, set[int], int], PartitionMeta | None] = staticmethod(
+        complete_reassignment
+    )
 
     truncate_to_hw_on_follow = False  # the pre-KIP-101 rule, for a negative control
 
@@ -363,7 +382,8 @@ class Simulation:
         self.acked_lost: dict[int, int] = {}  # lost after an unclean election (reported)
         self.stats = dict.fromkeys(
             ("produced", "acked", "failed", "crashes", "elections", "isr_changes",
-             "truncations", "restarts_at"), 0,
+             "truncations", "restarts_at", "reassignments", "reassigned", "cancelled",
+             "deleted"), 0,
         )  # fmt: skip
         for b in self.brokers.values():
             b.broker_epoch = self.store.register(b.id, 0)
@@ -496,6 +516,14 @@ class Simulation:
         b.row = row
         b.view_alive = self.store.alive(self.now)
         b.view_epochs = dict(self.store.broker_epochs)
+        if b.id not in row.replicas:
+            self._stop_roles(b)
+            if b.log.records or b.log.start:  # reassigned away: the copy is deleted
+                self.log(f"b{b.id}: not a replica any more: deletes its log")
+                self.stats["deleted"] += 1
+                b.log = SimLog()
+                b.hw_floor = 0
+            return
         if row.leader == b.id:
             self._lead(b, row)
         elif row.leader != NO_LEADER:
@@ -769,6 +797,7 @@ class Simulation:
         live = self.store.alive(self.now)
         rebalance = self.config.rebalance and self.rng.random() < 0.1
         new = type(self).elect(row, live, self.config.unclean, rebalance)
+        new = type(self).complete(new or row, live, self.config.min_insync_replicas) or new
         if new is not None:
             # The pass writes a little later (its own transaction): the row may have moved
             # meanwhile (the CAS refuses it) and a broker it saw live may have expired since.
@@ -778,11 +807,47 @@ class Simulation:
         if self.store.apply_controller_change(row.partition_epoch, new):
             if new.leader_epoch != row.leader_epoch:
                 self.stats["elections"] += 1
+            if row.reassigning and not new.reassigning:
+                self.stats["reassigned"] += 1
             self.log(
                 f"controller: leader {row.leader}->{new.leader} epoch {new.leader_epoch} "
-                f"isr {row.isr}->{new.isr} live {sorted(live)}"
+                f"isr {row.isr}->{new.isr} replicas {row.replicas}->{new.replicas} "
+                f"live {sorted(live)}"
                 + (" UNCLEAN" if new.unclean_elections > row.unclean_elections else "")
             )
+
+    def _reassign(self) -> None:
+        """An admin call: a new target (validated as the broker does), or a cancellation."""
+        row = self.store.row
+        live = self.store.alive(self.now)
+        min_isr = self.config.min_insync_replicas
+        if row.reassigning and self.rng.random() < 0.3:
+            try:
+                new = cancel_reassignment(row, live, min_isr)
+            except ReassignmentConflict as e:
+                self.log(f"admin: cancel refused: {e}")
+                return
+            self.stats["cancelled"] += 1
+        else:
+            ids = list(self.brokers)
+            size = self.rng.randint(min(min_isr, len(ids)), len(ids))
+            target = self.rng.sample(ids, size)
+            brokers = {b: b in live for b in ids}
+            try:
+                validate_target(row, target, brokers, min_isr)
+            except ReassignmentError as e:
+                self.log(f"admin: reassignment to {target} refused: {e}")
+                return
+            started = start_reassignment(row, target)
+            if started is None:
+                return
+            new = started
+            self.stats["reassignments"] += 1
+        self.log(
+            f"admin: replicas {row.replicas}->{new.replicas} adding {new.adding_replicas} "
+            f"removing {new.removing_replicas}"
+        )
+        self.schedule(self.rng.randint(0, 10), self._controller_apply, row, new, live)
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -790,6 +855,9 @@ class Simulation:
         if not self.faults:
             return
         self.schedule(self.jitter(40), self._fault)
+        if self.config.reassign and self.rng.random() < 0.25:
+            self._reassign()
+            return
         r = self.rng.random()
         up = [b for b in self.brokers.values() if b.up]
         down = [b for b in self.brokers.values() if not b.up]
@@ -911,10 +979,15 @@ class Simulation:
                 )
 
     def converged(self) -> bool:
-        bs = list(self.brokers.values())
         row = self.store.row
+        bs = [self.brokers[i] for i in row.replicas]
         if sorted(row.isr) != sorted(row.replicas) or row.leader == NO_LEADER:
             return False
+        if row.reassigning:
+            return False
+        for other in self.brokers.values():
+            if other.id not in row.replicas and (not other.up or other.log.records):
+                return False  # a removed replica has not deleted its copy yet
         first = bs[0].log
         for b in bs:
             lg = b.log

@@ -41,10 +41,11 @@ def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = WAIT
 
 @contextlib.contextmanager
 def brokers_on_one_store(
-    directory: Path, count: int = 3
+    directory: Path, count: int = 3, env: dict[str, str] | None = None
 ) -> Iterator[tuple[str, dict[int, BrokerProcess]]]:
     """``count`` broker processes (ids 1..count) sharing a SQLite store in ``directory``,
-    started with :data:`CLUSTER_ENV` and SIGKILLed at the end: (metadata URL, brokers)."""
+    started with :data:`CLUSTER_ENV` (``env`` overrides some of it) and SIGKILLed at the end:
+    (metadata URL, brokers)."""
     url = f"sqlite:///{directory / 'shared.db'}"
     brokers = {
         i: BrokerProcess(
@@ -54,7 +55,7 @@ def brokers_on_one_store(
             str(i),
             "--metadata-url",
             url,
-            env=CLUSTER_ENV,
+            env={**CLUSTER_ENV, **(env or {})},
         )
         for i in range(1, count + 1)
     }
