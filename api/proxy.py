@@ -103,6 +103,24 @@ class Proxy:
             return None
         return Target(broker_id, meta.base_url, role)
 
+    async def ask(
+        self, base_url: str, path: str, params: dict[str, str], timeout_s: float
+    ) -> httpx.Response:
+        """A GET answered by the broker at ``base_url`` itself (``Logbus-Route: direct``,
+        marked forwarded so it never travels on), within ``timeout_s`` in all; raises
+        :class:`httpx.HTTPError` (:class:`httpx.TimeoutException` when it ran out)."""
+        headers = {
+            FORWARDED_BY.decode(): str(self.broker.config.broker_id),
+            "logbus-route": "direct",
+        }
+        async with asyncio.timeout(timeout_s):
+            try:
+                return await self.client.get(
+                    base_url + path, params=params, headers=headers, timeout=timeout_s
+                )
+            except TimeoutError:
+                raise httpx.TimeoutException(f"no answer within {timeout_s} s") from None
+
     async def forward(self, scope: Scope, body: bytes, send: Send, target: Target) -> None:
         query = scope.get("query_string", b"")
         url = target.url + scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
