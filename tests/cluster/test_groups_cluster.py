@@ -5,6 +5,7 @@ instead of failing it."""
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -48,6 +49,11 @@ def _list(base: str, **headers: str) -> dict[str, Any]:
     return doc
 
 
+def _complete(base: str) -> dict[str, Any] | None:
+    doc = _list(base)
+    return doc if not doc["unavailable"] else None
+
+
 def _leaders(url: str) -> dict[int, int]:
     return {p: _row(url, "__consumer_offsets", p).leader for p in range(OFFSETS_PARTITIONS)}
 
@@ -70,7 +76,7 @@ def groups_cluster(
         )
         assert r.status_code == 200, r.text
         for i, g in enumerate(GROUPS):  # all through broker 1: forwarded to each coordinator
-            eventually(lambda g=g, i=i: _commit(brokers[1].url, g, i % 10), f"commit of {g}")
+            eventually(functools.partial(_commit, brokers[1].url, g, i % 10), f"commit of {g}")
         yield url, brokers
 
 
@@ -83,10 +89,7 @@ def test_every_broker_lists_every_group_and_describes_any(
     assert {_partition(g) for g in GROUPS} == set(range(OFFSETS_PARTITIONS))
 
     for i, b in brokers.items():
-        doc = eventually(
-            lambda b=b: (lambda d: d if not d["unavailable"] else None)(_list(b.url)),
-            f"a complete list from broker {i}",
-        )
+        doc = eventually(functools.partial(_complete, b.url), f"a complete list from broker {i}")
         assert [g["group"] for g in doc["groups"]] == sorted(GROUPS), (i, doc)
         assert doc["offsets_partitions"] == list(range(OFFSETS_PARTITIONS))
         # Logbus-Route: direct: this broker's own groups, as Kafka's ListGroups of one broker.
@@ -131,8 +134,5 @@ def test_a_coordinator_that_cannot_answer_is_named_not_fatal(
         assert gap["broker_id"] in (victim, None) or gap["code"] == "COORDINATOR_LOAD_IN_PROGRESS"
 
     # Once new coordinators have loaded the partitions, the list is whole again: no group lost.
-    whole = eventually(
-        lambda: (lambda d: d if not d["unavailable"] else None)(_list(brokers[1].url)),
-        "a complete list after the failover",
-    )
+    whole = eventually(lambda: _complete(brokers[1].url), "a complete list after the failover")
     assert [g["group"] for g in whole["groups"]] == sorted(GROUPS)
