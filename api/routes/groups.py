@@ -84,8 +84,19 @@ async def join(group: str, body: MemberJoin, coordinator: CoordinatorDep) -> Mem
     summary="Keep the session; acknowledge released partitions; get the current assignment",
     responses=errors(400, 404),
 )
-async def heartbeat(group: str, member: str, coordinator: CoordinatorDep) -> MemberAssignment:
-    r = coordinator.heartbeat(group, member, ack=True)
+async def heartbeat(
+    group: str,
+    member: str,
+    coordinator: CoordinatorDep,
+    ack: Annotated[
+        bool,
+        Query(
+            description="false: keep revoked partitions (they are released by a later "
+            "heartbeat with ack=true, once their offsets are committed)"
+        ),
+    ] = True,
+) -> MemberAssignment:
+    r = coordinator.heartbeat(group, member, ack=ack)
     await coordinator.durable(group, member_id=member)
     return _assignment(coordinator, group, member, r)
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import functools
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+import api.process
 from api.process import BrokerProcess
 
 from .test_cluster_processes import _row, brokers_on_one_store, eventually
@@ -60,8 +61,9 @@ def _leaders(url: str) -> dict[int, int]:
 
 @pytest.fixture
 def groups_cluster(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[str, dict[int, BrokerProcess]]]:
+    monkeypatch.setattr(api.process, "STARTUP_TIMEOUT_S", 120.0)  # a loaded shared machine
     with brokers_on_one_store(tmp_path_factory.mktemp("groups")) as (url, brokers):
         r = httpx.post(
             f"{brokers[1].url}/v1/topics",
@@ -136,3 +138,130 @@ def test_a_coordinator_that_cannot_answer_is_named_not_fatal(
     # Once new coordinators have loaded the partitions, the list is whole again: no group lost.
     whole = eventually(lambda: _complete(brokers[1].url), "a complete list after the failover")
     assert [g["group"] for g in whole["groups"]] == sorted(GROUPS)
+
+
+WS_TOPIC = "ws-clicks"
+WS_PARTITIONS = 2
+
+
+def _ws_group(leaders: dict[int, int], not_on: int) -> tuple[str, int]:
+    """A group name whose coordinator is not broker ``not_on``, and that coordinator."""
+    for k in range(1000):
+        name = f"ws-readers-{k}"
+        coordinator = leaders[_partition(name)]
+        if coordinator not in (not_on, -1):
+            return name, coordinator
+    raise AssertionError(f"no offsets partition led elsewhere than {not_on}: {leaders}")
+
+
+def _produce_ws(urls: list[str], start: int, count: int) -> None:
+    """``w{i}`` for i in [start, start+count), to partition i % 2, retried through any of
+    ``urls`` until acknowledged (a partition the killed broker led needs a new leader)."""
+    for i in range(start, start + count):
+
+        def send(i: int = i) -> bool | None:
+            for url in urls:
+                try:
+                    r = httpx.post(
+                        f"{url}/v1/topics/{WS_TOPIC}/partitions/{i % WS_PARTITIONS}/records",
+                        params={"acks": "all"},
+                        headers={"Idempotency-Key": f"ws-{i}"},
+                        json={"records": [{"value": f"w{i}"}]},
+                        timeout=15,
+                    )
+                except httpx.TransportError:
+                    continue
+                if r.status_code == 200:
+                    return True
+            return None
+
+        eventually(send, f"a produce of w{i}")
+
+
+def test_a_websocket_member_keeps_receiving_when_its_coordinator_is_killed(
+    groups_cluster: tuple[str, dict[int, BrokerProcess]],
+) -> None:
+    """3 brokers; a WebSocket member on broker 1 of a group coordinated by another broker,
+    which is SIGKILLed while records keep coming: the socket stays open, the member keeps its
+    id, every record arrives, and a record is delivered again only from the offsets the
+    member had committed (at least once) — never from before them."""
+    import asyncio
+
+    from tests.api.test_ws import Consumer, credit, join, send
+
+    url, brokers = groups_cluster
+    r = httpx.post(
+        f"{brokers[1].url}/v1/topics",
+        json={"name": WS_TOPIC, "partitions": WS_PARTITIONS, "replication_factor": 3},
+        timeout=15,
+    )
+    assert r.status_code == 201, r.text
+    group, victim = _ws_group(_leaders(url), not_on=1)
+    survivors = [b.url for i, b in brokers.items() if i != victim]
+    ws_url = brokers[1].url.replace("http://", "ws://", 1) + "/v1/ws"
+
+    async def scenario() -> tuple[Consumer, dict[int, int], list[str]]:
+        from websockets.asyncio.client import connect
+
+        async with connect(
+            ws_url, open_timeout=15, close_timeout=2, max_size=None, ping_interval=None
+        ) as ws:
+            joined = await join(
+                ws,
+                group,
+                [WS_TOPIC],
+                session_timeout_ms=30_000,
+                auto_offset_reset="earliest",
+                auto_ack=True,
+            )
+            await credit(ws, 1_000_000)
+            c = Consumer(ws)
+
+            async def pump() -> None:  # always reading: the socket never backs up
+                while True:
+                    c._take(await ws.recv())
+
+            async def until(done: Callable[[], bool], what: str) -> None:
+                deadline = asyncio.get_running_loop().time() + 90
+                while not done():
+                    assert not pumping.done(), pumping
+                    assert asyncio.get_running_loop().time() < deadline, (what, c.other)
+                    await asyncio.sleep(0.05)
+
+            def have(n: int) -> bool:
+                return {f"w{i}" for i in range(n)} <= {v for *_, v in c.records}
+
+            pumping = asyncio.create_task(pump())
+            await asyncio.to_thread(_produce_ws, survivors, 0, 40)
+            await until(lambda: have(40), "the first 40 records")
+            committed = {p: 1 + max(c.offsets(WS_TOPIC, p)) for p in range(WS_PARTITIONS)}
+            offsets = [
+                {"topic": WS_TOPIC, "partition": p, "offset": o} for p, o in committed.items()
+            ]
+            await send(ws, {"op": "commit", "id": "before", "offsets": offsets})
+            await until(
+                lambda: any(m.get("id") == "before" for m in c.other), "the commit's answer"
+            )
+            assert {"type": "committed", "id": "before", "count": 2} in c.other, c.other
+
+            brokers[victim].kill()
+            await asyncio.to_thread(_produce_ws, survivors, 40, 40)
+            await until(lambda: have(80), "all 80 records")
+            r = await asyncio.to_thread(
+                httpx.get, f"{brokers[1].url}/v1/groups/{group}", timeout=15
+            )
+            assert r.status_code == 200, r.text
+            assert [m["member_id"] for m in r.json()["members"]] == [joined["member_id"]]
+            pumping.cancel()
+            return c, committed, [joined["member_id"]]
+
+    c, committed, _ = asyncio.run(scenario())
+    # No record before the committed offsets came twice; later ones at most twice each.
+    for p in range(WS_PARTITIONS):
+        seen = c.offsets(WS_TOPIC, p)
+        again = [o for o in set(seen) if seen.count(o) > 1]
+        assert all(o >= committed[p] for o in again), (p, committed, sorted(again))
+    rejoined = [m for m in c.other if m.get("type") == "joined"]
+    assert not rejoined, rejoined
+    notices = [m for m in c.other if m.get("type") == "error"]
+    assert len(notices) <= 1 and all(m["retriable"] for m in notices), notices
