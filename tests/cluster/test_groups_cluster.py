@@ -6,6 +6,8 @@ instead of failing it."""
 from __future__ import annotations
 
 import functools
+import json
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -266,3 +268,84 @@ def test_a_websocket_member_keeps_receiving_when_its_coordinator_is_killed(
     assert not rejoined, rejoined
     notices = [m for m in c.other if m.get("type") == "error"]
     assert len(notices) <= 1 and all(m["retriable"] for m in notices), notices
+
+
+def _sse_records(
+    base: str, group: str, member_id: str, out: list[dict[str, Any]], stop: threading.Event
+) -> None:
+    """Read a member's SSE stream through ``base`` into ``out`` (records and error events)
+    until ``stop``; one response, never reopened."""
+    path = f"{base}/v1/groups/{group}/members/{member_id}/records"
+    timeout = httpx.Timeout(15, read=60)
+    with httpx.stream("GET", path, headers={"Accept": "text/event-stream"}, timeout=timeout) as r:
+        out.append({"status": r.status_code})
+        event = "message"
+        for line in r.iter_lines():
+            if stop.is_set():
+                return
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                out.append({"event": event, **json.loads(line[6:])})
+            elif not line:
+                event = "message"
+    out.append({"ended": True})
+
+
+def test_a_member_sse_stream_through_another_broker_survives_a_coordinator_kill(
+    groups_cluster: tuple[str, dict[int, BrokerProcess]],
+) -> None:
+    """A member's SSE stream opened on broker 1, its coordinator elsewhere and SIGKILLed while
+    records keep coming: the same response goes on (broker 1 resumes it at the new
+    coordinator), every record arrives, at most one retriable error event is seen."""
+    url, brokers = groups_cluster
+    r = httpx.post(
+        f"{brokers[1].url}/v1/topics",
+        json={"name": WS_TOPIC, "partitions": WS_PARTITIONS, "replication_factor": 3},
+        timeout=15,
+    )
+    assert r.status_code == 201, r.text
+    group, victim = _ws_group(_leaders(url), not_on=1)
+    survivors = [b.url for i, b in brokers.items() if i != victim]
+
+    def join() -> dict[str, Any] | None:
+        r = httpx.post(
+            f"{brokers[1].url}/v1/groups/{group}/members",
+            json={
+                "topics": [WS_TOPIC],
+                "session_timeout_ms": 30_000,
+                "auto_offset_reset": "earliest",
+            },
+            timeout=15,
+        )
+        if r.status_code in (421, 503):
+            return None
+        assert r.status_code == 201, r.text
+        doc: dict[str, Any] = r.json()
+        return doc
+
+    member = eventually(join, "a member")
+    got: list[dict[str, Any]] = []
+    stop = threading.Event()
+    reader = threading.Thread(
+        target=_sse_records, args=(brokers[1].url, group, member["member_id"], got, stop)
+    )
+    reader.start()
+    try:
+
+        def have(n: int) -> bool | None:
+            assert not any("ended" in x for x in got), got[-5:]
+            values = {x.get("value") for x in got if x.get("event") == "message"}
+            return {f"w{i}" for i in range(n)} <= values or None
+
+        _produce_ws(survivors, 0, 30)
+        eventually(lambda: have(30), "30 records on the stream", timeout_s=90)
+        brokers[victim].kill()
+        _produce_ws(survivors, 30, 30)
+        eventually(lambda: have(60), "60 records on the stream", timeout_s=90)
+    finally:
+        stop.set()
+        reader.join(timeout=90)
+    assert got[0] == {"status": 200}, got[:3]
+    errors = [x for x in got if x.get("event") == "error"]
+    assert len(errors) <= 1 and all(e["retriable"] for e in errors), errors
