@@ -62,7 +62,7 @@ READ_MARGIN_S = 30.0  # past the longest wait a client may ask for (max_wait_ms)
 MAX_CONNECTIONS = 64  # to all other brokers together: forwarded calls are the rare kind
 SSE_RESUME_S = 30.0  # a member stream waits this long for a new coordinator (a failover: ~2-10 s)
 SSE_BACKOFF_S = (0.1, 1.0)
-SSE_TAIL_BYTES = 4096  # the end of a stream kept to read its last error event
+_ERROR_EVENT = b"event: error\ndata: "
 
 
 @dataclass(frozen=True)
@@ -170,9 +170,11 @@ class MemberStream:
     When the coordinator dies (the stream is cut), hands the group over (its last event is a
     retriable ``error``, e.g. ``NOT_COORDINATOR``) or is not there yet (a connection refused,
     503 ``COORDINATOR_LOAD_IN_PROGRESS``, 421), the stream asks the coordinator named then,
-    after 100 ms doubling to 1 s, and goes on in the same response: the client sees at most
-    the one retriable ``error`` event. Membership is persisted with the offsets, so the new
-    coordinator knows the member; it reads on from the committed offsets (at least once).
+    after 100 ms doubling to 1 s, and goes on in the same response: the client sees nothing
+    of it (a retriable ``error`` event a stream ends with is not passed on). Membership is
+    persisted with the offsets, so the new coordinator knows the member; it reads on from the
+    committed offsets (at least once). Positions are not persisted, so the new coordinator
+    delivers again what was not committed.
     It gives up, with an ``error`` event, after ``SSE_RESUME_S`` without a coordinator."""
 
     def __init__(self, proxy: Proxy, scope: Scope, send: Send) -> None:
@@ -234,13 +236,21 @@ class MemberStream:
                 out = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP]
                 out.append((b"logbus-forwarded-to", str(target.broker_id).encode()))
                 await self.send({"type": "http.response.start", "status": 200, "headers": out})
-            tail = b""
+            held = b""  # a stream's error event is held until the stream goes on or ends
             async for chunk in response.aiter_raw():
-                await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
-                tail = (tail + chunk)[-SSE_TAIL_BYTES:]
-            last = _last_error(tail)
+                if held:
+                    await self._body(held)
+                    held = b""
+                at = chunk.rfind(_ERROR_EVENT)
+                if at >= 0:
+                    chunk, held = chunk[:at], chunk[at:]
+                if chunk:
+                    await self._body(chunk)
+            last = _last_error(held)
             if last is not None and last.get("retriable") is True:
-                return {**last, "_answered": True}
+                return {**last, "_answered": True}  # the client need not hear of it
+            if held:
+                await self._body(held)
             await self.send({"type": "http.response.body", "body": b""})
             return None
         except httpx.HTTPError as e:  # cut: the coordinator died under the stream
@@ -251,6 +261,9 @@ class MemberStream:
             }
         finally:
             await response.aclose()
+
+    async def _body(self, chunk: bytes) -> None:
+        await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
 
     async def _pass_answer(self, response: httpx.Response, target: Target) -> None:
         if self.started:  # an answer that is no stream, inside the stream: as an event
@@ -285,12 +298,11 @@ def _problem(body: bytes) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _last_error(tail: bytes) -> dict[str, Any] | None:
-    """The ``error`` event a stream ended with, if it did."""
-    at = tail.rfind(b"event: error\ndata: ")
-    if at < 0:
+def _last_error(held: bytes) -> dict[str, Any] | None:
+    """The problem of the ``error`` event a stream ended with, if it did."""
+    if not held.startswith(_ERROR_EVENT):
         return None
-    line = tail[at + len(b"event: error\ndata: ") :].split(b"\n", 1)[0]
+    line = held[len(_ERROR_EVENT) :].split(b"\n", 1)[0]
     doc = _problem(line)
     return doc or None
 
