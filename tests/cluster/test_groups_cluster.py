@@ -57,6 +57,17 @@ def _complete(base: str) -> dict[str, Any] | None:
     return doc if not doc["unavailable"] else None
 
 
+def _settled(url: str, brokers: dict[int, BrokerProcess]) -> bool | None:
+    rows = [_row(url, "__consumer_offsets", p) for p in range(OFFSETS_PARTITIONS)]
+    if any(r.leader != r.replicas[0] for r in rows):
+        return None  # the controller's preferred-leader rebalance has not run yet
+    for i, b in brokers.items():
+        mine = sorted(p for p, r in enumerate(rows) if r.leader == i)
+        if _list(b.url, **{"Logbus-Route": "direct"})["offsets_partitions"] != mine:
+            return None
+    return True
+
+
 def _leaders(url: str) -> dict[int, int]:
     return {p: _row(url, "__consumer_offsets", p).leader for p in range(OFFSETS_PARTITIONS)}
 
@@ -81,6 +92,8 @@ def groups_cluster(
         assert r.status_code == 200, r.text
         for i, g in enumerate(GROUPS):  # all through broker 1: forwarded to each coordinator
             eventually(functools.partial(_commit, brokers[1].url, g, i % 10), f"commit of {g}")
+        # Leadership settled (preferred leaders) and every coordinator has loaded its share.
+        eventually(functools.partial(_settled, url, brokers), "coordinators settled")
         yield url, brokers
 
 
