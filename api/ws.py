@@ -8,7 +8,9 @@ One session per socket, two tasks:
   join (the socket becomes a group member; closing it leaves the group), grant credit, commit,
   acknowledge revocations, produce. A malformed message gets an ``error`` message and the
   socket stays open; a subscription to an unknown topic closes it with 4404, an impossible one
-  with 4400, a member fenced by the coordinator with 4409.
+  with 4400, a member refused by the coordinator with 4409, one that found no coordinator for
+  its session timeout with 4503. A member's calls go through :class:`api.ws_member.GroupLink`,
+  to the coordinator wherever it is (this broker or another, and the next one on failover).
 * the **pusher** sends records while there is credit: it reads each source partition from its
   position and builds frames that fit the credit left. With nothing to send it waits — on the
   partitions' high-watermark events, the group's event and the session's own (credit or
