@@ -385,7 +385,10 @@ class GroupLink:
                     self._ok()
                 elif self._failing_since is not None:
                     self.on_change()  # the push loop's in-process heartbeat tries again
-            except LogbusError as e:
+            except (LogbusError, KeyError, TypeError, ValueError, RuntimeError) as e:
+                if not isinstance(e, LogbusError):  # an answer not as expected: try again
+                    log.warning("group %s: heartbeat failed: %r", self.group, e)
+                    e = LogbusError(str(e), code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
                 self._failed(e)
                 if self.fatal is not None:
                     return
@@ -450,7 +453,7 @@ class GroupLink:
         self.member_id = ""
 
     async def _leave_remote(self, member_id: str) -> None:
-        with contextlib.suppress(LogbusError):
+        with contextlib.suppress(LogbusError, RuntimeError):  # RuntimeError: shutting down
             await self._http("DELETE", f"/members/{quote(member_id, safe='')}")
 
 
