@@ -139,9 +139,8 @@ class GroupLink:
         return b.coordinator_of(self.group) == b.config.broker_id
 
     def _url(self) -> str:
-        hint, self._hint = self._hint, None
-        if hint is not None:
-            return hint
+        if self._hint is not None:
+            return self._hint  # until a call to it fails
         cid = self.broker.coordinator_of(self.group)
         url = self.broker.broker_url(cid) if cid >= 0 else None
         if url is None:
@@ -165,6 +164,7 @@ class GroupLink:
                 **kw,
             )
         except httpx.HTTPError as e:
+            self._hint = None
             raise LogbusError(
                 f"the coordinator of group {self.group!r} at {url} did not answer: "
                 f"{e or type(e).__name__}",
@@ -184,8 +184,8 @@ class GroupLink:
                 code=ErrorCode.COORDINATOR_NOT_AVAILABLE if r.status_code >= 500 else None,
             )
         hint = doc.get("coordinator_url")
-        if code is ErrorCode.NOT_COORDINATOR and isinstance(hint, str):
-            self._hint = hint
+        if code is ErrorCode.NOT_COORDINATOR:
+            self._hint = hint if isinstance(hint, str) and hint.startswith("http") else None
         extra = {k: v for k, v in doc.items() if k not in _ENVELOPE}
         e = LogbusError(str(doc.get("detail", code.name)), code=code, **extra)
         e.retriable_override = bool(doc.get("retriable", code.retriable))
@@ -196,12 +196,19 @@ class GroupLink:
     async def join(self) -> None:
         """Join (retrying retriable failures within the session timeout) and start the
         heartbeat task. Raises the coordinator's error when it refuses the member."""
-        await self._retrying(self._join_once)
+        await self._join_once()
         self._ok()
         if self._task is None:
             self._task = asyncio.create_task(self._beat_loop(), name="ws-member-heartbeat")
 
     async def _join_once(self) -> None:
+        """Join (retried while the coordinator moves), then learn where to read from (retried
+        too: never a second join for one failed read of the committed offsets)."""
+        doc = await self._retrying(self._join_call)
+        if doc is not None:
+            await self._retrying(lambda: self._adopt(doc))
+
+    async def _join_call(self) -> dict[str, Any] | None:
         p = self.params
         if self._here():
             r = self.coordinator.join(
@@ -216,7 +223,7 @@ class GroupLink:
             await self.coordinator.durable(self.group)
             self.member_id, self._local = r.member_id, True
             self.view = View(r.epoch, r.assigned, r.revoking)
-            return
+            return None
         body = {
             "topics": p.topics,
             "session_timeout_ms": self.session_timeout_ms,
@@ -225,9 +232,9 @@ class GroupLink:
             "client_id": p.client_id,
             "auto_offset_reset": p.auto_offset_reset,
         }
-        doc = await self._http("POST", "/members", json=body)
+        doc: dict[str, Any] = await self._http("POST", "/members", json=body)
         self.member_id, self._local = doc["member_id"], False
-        await self._adopt(doc)
+        return doc
 
     async def _retrying(self, call: Callable[[], Any]) -> Any:
         """``call`` until it succeeds, fails for good, or has failed for a session timeout."""
