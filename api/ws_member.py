@@ -322,7 +322,14 @@ class GroupLink:
                 for o in (await self._http("GET", "/offsets"))["offsets"]
             }
             for tp in new:
-                self.positions[tp] = await self._start(tp, committed.get(tp))
+                try:
+                    self.positions[tp] = await self._start(tp, committed.get(tp))
+                except LogbusError as e:
+                    if e.code in TRANSIENT:
+                        raise
+                    # no committed offset and auto_offset_reset=none, a topic gone: the
+                    # partition waits for a commit to name where to start
+                    log.info("group %s: %s[%d] not read: %s", self.group, *tp, e)
         self.view = View(doc["generation"], assigned, _tps(doc["revoking"]))
         self._drop_unassigned()
 
@@ -441,7 +448,7 @@ class GroupLink:
         await self._retrying(once)
         for tp, (offset, _) in offsets.items():
             pos = self.positions.get(tp)
-            if pos is not None and pos < offset and tp in self.view.assigned:
+            if (pos is None or pos < offset) and tp in self.view.assigned:
                 self.positions[tp] = offset
 
     def close(self) -> None:
