@@ -4,7 +4,8 @@ Every command talks to ``--url`` (default ``$LOGBUS_URL`` or ``http://127.0.0.1:
 timeout on every request. ``--url`` may list several brokers of a cluster, comma-separated:
 ``produce`` and ``consume`` then route each partition's requests to its leader through
 :mod:`logbus_client.routing` (421 redirects followed, another broker asked when one is gone,
-bounded retries); the other commands talk to the first URL (any broker answers them). A broker
+bounded retries); the other commands (topics, groups) go to any broker, the next one when
+one does not answer (a change only when it was surely not received). A broker
 error (``application/problem+json``) is printed on one line of stderr — ``CODE (status):
 detail`` — and the command exits 1; a usage error exits 2.
 
@@ -68,7 +69,6 @@ MAX_BODY_BYTES = 8 * 1024 * 1024  # well below the broker's max_request_bytes (6
 # An idempotent produce request is appended as one batch, which must fit the topic's
 # max.message.bytes (1 MiB by default); half of it leaves room for the batch's own overhead.
 MAX_IDEMPOTENT_BODY_BYTES = 512 * 1024
-CONNECT_RETRIES = 1  # the commands without routing retry only connection establishment
 
 _ENVELOPE = frozenset(("type", "title", "status", "code", "retriable", "detail", "errors"))
 
@@ -492,10 +492,6 @@ def _urls(args: argparse.Namespace) -> list[str]:
         raise CliError(f"--url must be http:// or https:// URLs, comma-separated: {e}", 2) from None
 
 
-def _base_url(args: argparse.Namespace) -> str:
-    return _urls(args)[0]
-
-
 def _router(args: argparse.Namespace, pool: int = 4) -> Router:
     """Partition requests to their leaders, over every broker ``--url`` names."""
     from logbus_client.routing import Router
@@ -505,9 +501,11 @@ def _router(args: argparse.Namespace, pool: int = 4) -> Router:
 
 def _unreachable(router: Router | AsyncRouter, method: str, path: str, e: Exception) -> CliError:
     """A routed request that no broker answered (a :class:`RoutingError`)."""
-    where = ", ".join(router.bootstrap)
+    where = ("the broker at " if len(router.bootstrap) == 1 else "the brokers at ") + ", ".join(
+        router.bootstrap
+    )
     maybe = " (it may or may not have been written)" if getattr(e, "maybe_written", False) else ""
-    return CliError(f"{method} {path}: cannot reach the brokers at {where}{maybe}: {e}")
+    return CliError(f"{method} {path}: cannot reach {where}{maybe}: {e}")
 
 
 def _routed(router: Router, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -522,31 +520,26 @@ def _routed(router: Router, method: str, path: str, **kwargs: Any) -> httpx.Resp
     return response
 
 
-def _client(args: argparse.Namespace, pool: int = 4) -> httpx.Client:
-    import httpx
-
-    return httpx.Client(
-        base_url=_base_url(args),
-        timeout=httpx.Timeout(args.timeout),
-        transport=httpx.HTTPTransport(retries=CONNECT_RETRIES),
-        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
-        headers={"user-agent": "logbus-cli"},
-    )
+def _client(args: argparse.Namespace, pool: int = 4) -> Router:
+    """The client of the commands that any broker answers (topics, groups): a :class:`Router`
+    over every ``--url``, so a dead or silent first broker is passed over for the next."""
+    return _router(args, pool)
 
 
 def _topic_path(topic: str, *rest: object) -> str:
     return "/".join(["/v1/topics", quote(topic, safe=""), *(str(x) for x in rest)])
 
 
-def _request(client: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.Response:
-    import httpx
+def _request(client: Router, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """One call any broker answers. A read is retried on another broker after a timeout or
+    a retriable answer; a change only when it never left (the connection was refused), so
+    a topic is never created or deleted twice behind the user's back."""
+    from logbus_client.routing import RoutingError
 
     try:
-        response = client.request(method, path, **kwargs)
-    except httpx.TimeoutException:
-        raise CliError(f"{method} {client.base_url}{path}: no answer in time") from None
-    except httpx.TransportError as e:
-        raise CliError(f"cannot reach the broker at {client.base_url}: {e}") from None
+        response = client.request(method, path, idempotent=method == "GET", **kwargs)
+    except RoutingError as e:
+        raise _unreachable(client, method, path, e) from None
     _raise_for_problem(response)
     return response
 

@@ -243,12 +243,53 @@ class GroupSummary(BaseModel):
     lag: int
 
 
+class UnlistedPartitions(BaseModel):
+    """``__consumer_offsets`` partitions whose groups a list could not include."""
+
+    partitions: list[int] = Field(description="partitions of __consumer_offsets")
+    broker_id: int | None = Field(
+        description="the broker believed to coordinate them; null when none leads them"
+    )
+    code: str = Field(
+        description="COORDINATOR_NOT_AVAILABLE (no leader, or the coordinator did not answer "
+        "in time or could not be reached) or COORDINATOR_LOAD_IN_PROGRESS (retriable)"
+    )
+    detail: str
+
+
 class GroupList(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
-                {"groups": [{"group": "billing", "state": "stable", "members": 2, "lag": 2}]}
+                {
+                    "groups": [{"group": "billing", "state": "stable", "members": 2, "lag": 2}],
+                    "offsets_partitions": [0, 1, 2, 3],
+                    "unavailable": [],
+                },
+                {
+                    "groups": [{"group": "billing", "state": "stable", "members": 2, "lag": 2}],
+                    "offsets_partitions": [0, 1, 3],
+                    "unavailable": [
+                        {
+                            "partitions": [2],
+                            "broker_id": 3,
+                            "code": "COORDINATOR_NOT_AVAILABLE",
+                            "detail": "broker 3 at http://10.0.0.3:8080 could not be reached: "
+                            "All connection attempts failed",
+                        }
+                    ],
+                },
             ]
         }
     )
     groups: list[GroupSummary]
+    offsets_partitions: list[int] = Field(
+        default_factory=list,
+        description="the __consumer_offsets partitions whose groups are listed: all of them "
+        "unless some are unavailable (with Logbus-Route: direct, those this broker coordinates)",
+    )
+    unavailable: list[UnlistedPartitions] = Field(
+        default_factory=list,
+        description="partitions whose coordinator could not list its groups now (retriable): "
+        "their groups are missing from groups; empty when the list is complete",
+    )

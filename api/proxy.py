@@ -27,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
+import orjson
 from starlette.types import Scope, Send
 
 from cluster.broker import Broker
@@ -37,6 +39,7 @@ from core_log.errors import ErrorCode, LogbusError
 from . import guard
 
 _GROUP = re.compile(r"^/v1/groups/([^/]+)(?:/.*)?$")
+_MEMBER_SSE = re.compile(r"^/v1/groups/[^/]+/members/[^/]+/records/?$")
 _ADMIN = (
     ("POST", re.compile(r"^/v1/topics/?$")),
     ("DELETE", re.compile(r"^/v1/topics/[^/]+/?$")),
@@ -61,6 +64,9 @@ FORWARDED_BY = b"logbus-forwarded-by"
 CONNECT_TIMEOUT_S = 5.0
 READ_MARGIN_S = 30.0  # past the longest wait a client may ask for (max_wait_ms)
 MAX_CONNECTIONS = 64  # to all other brokers together: forwarded calls are the rare kind
+SSE_RESUME_S = 30.0  # a member stream waits this long for a new coordinator (a failover: ~2-10 s)
+SSE_BACKOFF_S = (0.1, 1.0)
+_ERROR_EVENT = b"event: error\ndata: "
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,8 @@ class Proxy:
         method: str = scope["method"]
         if m := _GROUP.match(path):
             coordinator = broker.coordinator_of(m[1])
+            if coordinator < 0 and _MEMBER_SSE.match(path) and _wants_sse(scope):
+                return Target(-1, "", "coordinator")  # none now: the stream waits for one
             return self._other(coordinator, "coordinator")
         if any(method == verb and rx.match(path) for verb, rx in _ADMIN):
             ctl = await asyncio.to_thread(broker.store.controller)
@@ -107,7 +115,28 @@ class Proxy:
             return None
         return Target(broker_id, meta.base_url, role)
 
+    async def ask(
+        self, base_url: str, path: str, params: dict[str, str], timeout_s: float
+    ) -> httpx.Response:
+        """A GET answered by the broker at ``base_url`` itself (``Logbus-Route: direct``,
+        marked forwarded so it never travels on), within ``timeout_s`` in all; raises
+        :class:`httpx.HTTPError` (:class:`httpx.TimeoutException` when it ran out)."""
+        headers = {
+            FORWARDED_BY.decode(): str(self.broker.config.broker_id),
+            "logbus-route": "direct",
+        }
+        async with asyncio.timeout(timeout_s):
+            try:
+                return await self.client.get(
+                    base_url + path, params=params, headers=headers, timeout=timeout_s
+                )
+            except TimeoutError:
+                raise httpx.TimeoutException(f"no answer within {timeout_s} s") from None
+
     async def forward(self, scope: Scope, body: bytes, send: Send, target: Target) -> None:
+        if _MEMBER_SSE.match(scope["path"]) and scope["method"] == "GET" and _wants_sse(scope):
+            await MemberStream(self, scope, send).run(target)
+            return
         query = scope.get("query_string", b"")
         url = target.url + scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
         headers = [(k, v) for k, v in scope["headers"] if k in _PASSED]
@@ -137,6 +166,154 @@ class Proxy:
             pass  # the answer was under way: the client sees it cut short (no second status)
         finally:
             await response.aclose()
+
+
+class MemberStream:
+    """A member's SSE stream passed on from its coordinator, and resumed at the next one.
+
+    When the coordinator dies (the stream is cut), hands the group over (its last event is a
+    retriable ``error``, e.g. ``NOT_COORDINATOR``) or is not there yet (a connection refused,
+    503 ``COORDINATOR_LOAD_IN_PROGRESS``, 421), the stream asks the coordinator named then,
+    after 100 ms doubling to 1 s, and goes on in the same response: the client sees nothing
+    of it (a retriable ``error`` event a stream ends with is not passed on). Membership is
+    persisted with the offsets, so the new coordinator knows the member; it reads on from the
+    committed offsets (at least once). Positions are not persisted, so the new coordinator
+    delivers again what was not committed.
+    It gives up, with an ``error`` event, after ``SSE_RESUME_S`` without a coordinator."""
+
+    def __init__(self, proxy: Proxy, scope: Scope, send: Send) -> None:
+        self.proxy = proxy
+        self.scope = scope
+        self.send = send
+        self.group = _GROUP.match(scope["path"])[1]  # type: ignore[index]
+        self.started = False
+
+    async def run(self, target: Target) -> None:
+        backoff = SSE_BACKOFF_S[0]
+        failing_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while True:
+            problem = await self._once(target)
+            if problem is None:
+                return  # ended as the coordinator ended it: with the client's last word
+            now = loop.time()
+            failing_since = now if failing_since is None else failing_since
+            if now - failing_since >= SSE_RESUME_S:
+                await self._end(problem)
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, SSE_BACKOFF_S[1])
+            target = self._coordinator() or target
+            if problem.get("_answered"):
+                failing_since = None  # it streamed a while: a new episode next time
+
+    def _coordinator(self) -> Target | None:
+        broker = self.proxy.broker
+        cid = broker.coordinator_of(self.group)
+        url = broker.broker_url(cid) if cid >= 0 else None
+        return Target(cid, url, "coordinator") if url is not None else None
+
+    async def _once(self, target: Target) -> dict[str, Any] | None:
+        """One upstream stream; None when it ended for good, else why to try again."""
+        if not target.url:
+            return {"code": "COORDINATOR_NOT_AVAILABLE", "detail": "no coordinator now"}
+        scope, client = self.scope, self.proxy.client
+        query = scope.get("query_string", b"")
+        url = target.url + scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
+        headers = [(k, v) for k, v in scope["headers"] if k in _PASSED]
+        headers.append((FORWARDED_BY, str(self.proxy.broker.config.broker_id).encode()))
+        try:
+            request = client.build_request("GET", url, headers=headers)
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as e:
+            return {"code": "COORDINATOR_NOT_AVAILABLE", "detail": str(e) or type(e).__name__}
+        try:
+            if response.status_code != 200:
+                await response.aread()
+                doc = _problem(response.content)
+                if doc.get("retriable") is True:
+                    return doc
+                await self._pass_answer(response, target)
+                return None
+            if not self.started:
+                self.started = True
+                out = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP]
+                out.append((b"logbus-forwarded-to", str(target.broker_id).encode()))
+                await self.send({"type": "http.response.start", "status": 200, "headers": out})
+            held = b""  # a stream's error event is held until the stream goes on or ends
+            async for chunk in response.aiter_raw():
+                if held:
+                    await self._body(held)
+                    held = b""
+                at = chunk.rfind(_ERROR_EVENT)
+                if at >= 0:
+                    chunk, held = chunk[:at], chunk[at:]
+                if chunk:
+                    await self._body(chunk)
+            last = _last_error(held)
+            if last is not None and last.get("retriable") is True:
+                return {**last, "_answered": True}  # the client need not hear of it
+            if held:
+                await self._body(held)
+            await self.send({"type": "http.response.body", "body": b""})
+            return None
+        except httpx.HTTPError as e:  # cut: the coordinator died under the stream
+            return {
+                "code": "COORDINATOR_NOT_AVAILABLE",
+                "detail": str(e) or type(e).__name__,
+                "_answered": True,
+            }
+        finally:
+            await response.aclose()
+
+    async def _body(self, chunk: bytes) -> None:
+        await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def _pass_answer(self, response: httpx.Response, target: Target) -> None:
+        if self.started:  # an answer that is no stream, inside the stream: as an event
+            await self._end(_problem(response.content))
+            return
+        out = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP]
+        out.append((b"logbus-forwarded-to", str(target.broker_id).encode()))
+        await self.send(
+            {"type": "http.response.start", "status": response.status_code, "headers": out}
+        )
+        await self.send({"type": "http.response.body", "body": response.content})
+
+    async def _end(self, problem: dict[str, Any]) -> None:
+        problem = {k: v for k, v in problem.items() if not k.startswith("_")}
+        if not self.started:
+            error = LogbusError(
+                f"group {self.group!r}: no coordinator could serve the stream: "
+                f"{problem.get('detail', '')}",
+                code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+            )
+            await _refuse(self.scope, self.send, error, 503)
+            return
+        event = b"event: error\ndata: %s\n\n" % orjson.dumps(problem)
+        await self.send({"type": "http.response.body", "body": event})
+
+
+def _problem(body: bytes) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _last_error(held: bytes) -> dict[str, Any] | None:
+    """The problem of the ``error`` event a stream ended with, if it did."""
+    if not held.startswith(_ERROR_EVENT):
+        return None
+    line = held[len(_ERROR_EVENT) :].split(b"\n", 1)[0]
+    doc = _problem(line)
+    return doc or None
+
+
+def _wants_sse(scope: Scope) -> bool:
+    accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+    return b"text/event-stream" in accept.lower()
 
 
 def _forwarded(scope: Scope) -> bool:

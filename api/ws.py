@@ -8,7 +8,9 @@ One session per socket, two tasks:
   join (the socket becomes a group member; closing it leaves the group), grant credit, commit,
   acknowledge revocations, produce. A malformed message gets an ``error`` message and the
   socket stays open; a subscription to an unknown topic closes it with 4404, an impossible one
-  with 4400, a member fenced by the coordinator with 4409.
+  with 4400, a member refused by the coordinator with 4409, one that found no coordinator for
+  its session timeout with 4503. A member's calls go through :class:`api.ws_member.GroupLink`,
+  to the coordinator wherever it is (this broker or another, and the next one on failover).
 * the **pusher** sends records while there is credit: it reads each source partition from its
   position and builds frames that fit the credit left. With nothing to send it waits — on the
   partitions' high-watermark events, the group's event and the session's own (credit or
@@ -49,6 +51,7 @@ from . import ws_protocol as proto
 from .problems import problem_body
 from .rendering import encode_json_within
 from .state import AppState
+from .ws_member import GroupLink
 
 log = logging.getLogger("logbus.ws")
 
@@ -77,12 +80,11 @@ class Session:
         self.ws = ws
         self.state = state
         self.broker = state.broker
-        self.coordinator = state.coordinator
         self.credit = proto.CreditWindow()
         self.format: proto.Format = "json"
         self.positions: dict[TopicPartition, int] = {}  # explicit subscriptions
-        self.group: str | None = None
-        self.member_id: str | None = None
+        self.link: GroupLink | None = None  # a group member's link to its coordinator
+        self._rejoins_sent = 0
         self.auto_ack = False
         self.announced: tuple[frozenset[TopicPartition], frozenset[TopicPartition]] = (
             frozenset(),
@@ -119,10 +121,9 @@ class Session:
             self._leave()
 
     def _leave(self) -> None:
-        if self.group is not None and self.member_id is not None:
-            with contextlib.suppress(LogbusError):
-                self.coordinator.leave(self.group, self.member_id)
-            self.member_id = None
+        if self.link is not None:
+            self.link.close()
+            self.link = None
 
     async def send(self, doc: dict[str, Any]) -> None:
         await self.ws.send_text(orjson.dumps(doc).decode())
@@ -171,14 +172,13 @@ class Session:
         elif isinstance(msg, proto.Commit):
             await self._commit(msg)
         elif isinstance(msg, proto.Ack):
-            if self.group is not None and self.member_id is not None:
+            if self.link is not None:
                 self._reconcile(ack=True)
                 self.changed.set()
         elif isinstance(msg, proto.Produce):
             await self._produce(msg)
         elif isinstance(msg, proto.Unsubscribe):
             self._leave()
-            self.group = None
             self.positions.clear()
             self.changed.set()
             await self.send({"type": "unsubscribed", "id": msg.id})
@@ -186,7 +186,7 @@ class Session:
             await self.send({"type": "pong", "id": msg.id})
 
     async def _subscribe(self, msg: proto.Subscribe) -> None:
-        if self.group is not None:
+        if self.link is not None:
             raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "this socket is a group member already")
         wanted: dict[TopicPartition, int] = {}
         try:
@@ -241,22 +241,16 @@ class Session:
         return p.log_start_offset if start == "earliest" else p.high_watermark
 
     async def _join(self, msg: proto.Join) -> None:
-        if self.group is not None or self.positions:
+        if self.link is not None or self.positions:
             raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "this socket is subscribed already")
+        link = GroupLink(self.state, msg, self.changed.set)
         try:
-            r = self.coordinator.join(
-                msg.group,
-                msg.topics,
-                session_timeout_ms=max(msg.session_timeout_ms, 100),
-                rebalance_timeout_ms=msg.rebalance_timeout_ms,
-                instance_id=msg.instance_id,
-                client_id=msg.client_id,
-                auto_offset_reset=msg.auto_offset_reset,
-            )
-        except UnknownTopicOrPartitionError as e:
-            raise Close(proto.CLOSE_UNKNOWN_TOPIC, e.message) from None
-        await self.coordinator.durable(msg.group)
-        self.group, self.member_id = msg.group, r.member_id
+            await link.join()
+        except LogbusError as e:
+            if e.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                raise Close(proto.CLOSE_UNKNOWN_TOPIC, e.message) from None
+            raise
+        self.link = link
         self.auto_ack = msg.auto_ack
         self.format = msg.format
         await self.send(
@@ -264,21 +258,20 @@ class Session:
                 "type": "joined",
                 "id": msg.id,
                 "group": msg.group,
-                "member_id": r.member_id,
-                "generation": r.epoch,
+                "member_id": link.member_id,
+                "generation": link.view.epoch,
             }
         )
         self.changed.set()
 
     async def _commit(self, msg: proto.Commit) -> None:
         offsets = {(o.topic, o.partition): (o.offset, o.metadata) for o in msg.offsets}
-        if self.group is not None and self.member_id is not None:
-            member = self.coordinator.member(self.group, self.member_id)
-            await self.coordinator.commit(self.group, self.member_id, member.epoch, offsets)
+        if self.link is not None:
+            await self.link.commit(offsets)
             self.blocked.difference_update(offsets)  # e.g. past an unreadable record
             self.changed.set()
         elif msg.group is not None:
-            await self.coordinator.commit(msg.group, None, None, offsets)
+            await GroupLink.standalone(self.state, msg.group).commit(offsets)
         else:
             raise LogbusError(
                 "commit needs a group: join one, or name it", code=ErrorCode.INVALID_REQUEST
@@ -307,12 +300,13 @@ class Session:
 
     def _reconcile(self, *, ack: bool) -> None:
         """A member's view: announce assignment changes; auto-ack revocations if asked."""
-        assert self.group is not None and self.member_id is not None
+        assert self.link is not None
         try:
-            r = self.coordinator.heartbeat(self.group, self.member_id, ack=ack)
+            r = self.link.reconcile(ack=ack)
         except LogbusError as e:
-            self.member_id = None
-            raise Close(proto.CLOSE_FENCED, e.message) from None
+            self._leave()
+            code = proto.CLOSE_COORDINATOR_UNAVAILABLE if e.retriable else proto.CLOSE_FENCED
+            raise Close(code, e.message) from None
         assigned, revoking = r.assigned, r.revoking
         old_assigned, old_revoking = self.announced
         self.announced = (assigned, revoking)
@@ -321,6 +315,18 @@ class Session:
             self._reconcile(ack=True)
 
     async def _announce(self) -> None:
+        link = self.link
+        if link is not None and link.rejoins > self._rejoins_sent:
+            self._rejoins_sent = link.rejoins
+            await self.send(
+                {
+                    "type": "joined",
+                    "group": link.group,
+                    "member_id": link.member_id,
+                    "generation": link.view.epoch,
+                    "rejoined": True,
+                }
+            )
         notes, self._pending_notes = self._pending_notes, []
         for epoch, added, revoked in notes:
             if revoked:
@@ -333,28 +339,28 @@ class Session:
                 )
 
     def _sources(self) -> list[TopicPartition]:
-        if self.group is not None and self.member_id is not None:
+        if self.link is not None:
             self._reconcile(ack=False)
             return sorted(self.announced[0])
         return sorted(self.positions)
 
-    def _position(self, tp: TopicPartition) -> int:
-        if self.group is not None and self.member_id is not None:
-            member = self.coordinator.member(self.group, self.member_id)
-            return self.coordinator.position(self.group, member, tp)
+    def _position(self, tp: TopicPartition) -> int | None:
+        """Where ``tp`` is read next (None: a member's starting offset is not known yet)."""
+        if self.link is not None:
+            return self.link.position(tp)
         return self.positions[tp]
 
     def _advance(self, tp: TopicPartition, next_offset: int) -> None:
-        if self.group is not None and self.member_id is not None:
-            self.coordinator.advance(self.group, self.member_id, tp, next_offset)
+        if self.link is not None:
+            self.link.advance(tp, next_offset)
         else:
             self.positions[tp] = next_offset
 
     async def _push_loop(self) -> None:
         while True:
             self.changed.clear()
-            group_event = self.coordinator.event(self.group) if self.group else None
-            sources = self._sources() if (self.group or self.positions) else []
+            group_event = self.link.event() if self.link is not None else None
+            sources = self._sources() if (self.link is not None or self.positions) else []
             await self._announce()
             sent = 0
             if self.credit.open and sources:
@@ -365,16 +371,17 @@ class Session:
             if group_event is not None:
                 waits.append(group_event.wait())
             timeout = KEEPALIVE_S
-            if self.group is not None and self.member_id is not None:
-                member = self.coordinator.member(self.group, self.member_id)
-                timeout = min(timeout, member.session_timeout_ms / 3000)
+            if self.link is not None:
+                timeout = min(timeout, self.link.interval_s)
             if self.credit.open:
                 for tp in sources:
                     if tp in self.blocked:
                         continue  # waits for credit (stalled) or for good (failed)
                     try:
                         p = await self.broker.known_reader(*tp)
-                        waits.append(p.wait_for(self._position(tp), timeout))
+                        pos = self._position(tp)
+                        if pos is not None:
+                            waits.append(p.wait_for(pos, timeout))
                     except LogbusError as e:
                         await self._source_failed(tp, e)
             await first_of(waits, timeout)
@@ -387,7 +394,7 @@ class Session:
             await self.send(
                 {**problem_body(e), "type": "error", "topic": tp[0], "partition": tp[1]}
             )
-        if self.group is None:
+        if self.link is None:
             self.positions.pop(tp, None)
 
     async def _push_round(self, sources: list[TopicPartition]) -> int:
@@ -406,7 +413,7 @@ class Session:
             try:
                 p = await self.broker.known_reader(*tp)
                 pos = self._position(tp)
-                if pos >= p.high_watermark:
+                if pos is None or pos >= p.high_watermark:
                     continue
             except LogbusError as e:
                 await self._source_failed(tp, e)

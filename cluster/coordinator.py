@@ -673,6 +673,20 @@ class Coordinator:
         """The groups coordinated here (in a cluster, other brokers coordinate others)."""
         return sorted(set(self.groups) | set(self._offsets))
 
+    def listed_partitions(self) -> tuple[list[int], list[int]]:
+        """The offsets partitions whose groups :meth:`group_ids` covers (loaded here), and
+        those this broker leads but is still loading (their groups are not listed yet)."""
+        n = self._offsets_known()
+        if n is None:
+            return [], []
+        loading = [
+            p
+            for p in range(n)
+            if p not in self._loaded
+            and (p in self._loading or self.broker.leader_epoch(OFFSETS_TOPIC, p) is not None)
+        ]
+        return sorted(p for p in self._loaded if p < n), loading
+
     def group(self, group_id: str) -> Group:
         """The group (an empty one when it is known by its offsets only)."""
         return self._group(group_id)

@@ -9,6 +9,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -304,6 +305,8 @@ def test_errors_are_readable(server: BrokerProcess, http: httpx.Client) -> None:
     closed = f"http://127.0.0.1:{free_port()}"
     unreachable = failed(logbus(None, "topics", "list", "--url", closed, "--timeout", "5"))
     assert f"cannot reach the broker at {closed}" in unreachable
+    two = failed(logbus(None, "groups", "list", "--url", f"{closed},{closed}/", "--timeout", "5"))
+    assert f"cannot reach the broker at {closed}" in two  # one URL, written twice
 
 
 # -- bench ----------------------------------------------------------------------------------------
@@ -391,6 +394,37 @@ def test_groups_list_describe_reset_delete(server: BrokerProcess, http: httpx.Cl
 
     assert logbus(server, "groups", "delete", "ops").stdout.strip() == "deleted group ops"
     assert http.get("/v1/groups/ops").status_code == 404
+
+
+def test_topics_and_groups_pass_over_a_dead_and_a_silent_broker(
+    server: BrokerProcess, http: httpx.Client
+) -> None:
+    """--url lists brokers of a cluster: a refused connection or a broker that never answers
+    (a listening socket nobody accepts on) is passed over for the next URL."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        dead = f"http://127.0.0.1:{free_port()}"
+        mute = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        urls = ",".join([dead, mute, server.url])
+        opts = ("--url", urls, "--timeout", "2")
+        created = ok(logbus(None, "topics", "create", "cli-dead-first", *opts))
+        assert "created topic cli-dead-first" in created.stdout
+        listed = ok(logbus(None, "topics", "list", "--json", *opts))
+        assert "cli-dead-first" in {t["name"] for t in json.loads(listed.stdout)["topics"]}
+        ok(logbus(None, "topics", "describe", "cli-dead-first", *opts))
+        commit = {"offsets": [{"topic": "cli-dead-first", "partition": 0, "offset": 0}]}
+        assert http.post("/v1/groups/cli-dead-ops/offsets", json=commit).status_code == 200
+        groups = json.loads(ok(logbus(None, "groups", "list", "--json", *opts)).stdout)
+        assert "cli-dead-ops" in {g["group"] for g in groups["groups"]}
+        described = ok(logbus(None, "groups", "describe", "cli-dead-ops", "--json", *opts))
+        assert json.loads(described.stdout)["group"] == "cli-dead-ops"
+        ok(logbus(None, "groups", "delete", "cli-dead-ops", *opts))
+        ok(logbus(None, "topics", "delete", "cli-dead-first", *opts))
+        assert http.get("/v1/topics/cli-dead-first").status_code == 404
+    finally:
+        silent.close()
 
 
 # -- issue 10: what a new user hit ----------------------------------------------------------------

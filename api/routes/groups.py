@@ -13,15 +13,15 @@ from fastapi.responses import StreamingResponse
 
 from cluster.assignor import TopicPartition
 from cluster.coordinator import Coordinator, validate_group_id
+from cluster.forwarding import direct_route
 from core_log.errors import ErrorCode, LogbusError
 
-from .. import streams
+from .. import groups_list, streams
 from ..group_schemas import (
     CommittedOffsetPublic,
     GroupDetail,
     GroupList,
     GroupOffsets,
-    GroupSummary,
     MemberAssignment,
     MemberJoin,
     OffsetCommit,
@@ -29,6 +29,7 @@ from ..group_schemas import (
 )
 from ..params import OFFSET_MAX, Digits
 from ..problems import bad_request
+from ..proxy import FORWARDED_BY
 from ..records import JSON, NDJSON, check_isolation, negotiate
 from ..state import CoordinatorDep, StateDep
 from .common import ISOLATION_QUERY, errors
@@ -83,8 +84,19 @@ async def join(group: str, body: MemberJoin, coordinator: CoordinatorDep) -> Mem
     summary="Keep the session; acknowledge released partitions; get the current assignment",
     responses=errors(400, 404),
 )
-async def heartbeat(group: str, member: str, coordinator: CoordinatorDep) -> MemberAssignment:
-    r = coordinator.heartbeat(group, member, ack=True)
+async def heartbeat(
+    group: str,
+    member: str,
+    coordinator: CoordinatorDep,
+    ack: Annotated[
+        bool,
+        Query(
+            description="false: keep revoked partitions (they are released by a later "
+            "heartbeat with ack=true, once their offsets are committed)"
+        ),
+    ] = True,
+) -> MemberAssignment:
+    r = coordinator.heartbeat(group, member, ack=ack)
     await coordinator.durable(group, member_id=member)
     return _assignment(coordinator, group, member, r)
 
@@ -248,18 +260,22 @@ async def _reset_targets(state: Any, group: str, body: OffsetReset) -> dict[Topi
     return out
 
 
-@router.get("", summary="List groups with state, member count and lag", responses=errors(400))
+@router.get(
+    "",
+    summary="List every group of the cluster with state, member count and lag",
+    description="In a cluster the broker asks every coordinator for its groups and merges "
+    "the lists; partitions whose coordinator could not answer are named in `unavailable` "
+    "(their groups are missing). With `Logbus-Route: direct`: this broker's groups only.",
+    responses=errors(400),
+)
 async def list_groups(
-    coordinator: CoordinatorDep,
+    request: Request,
+    state: StateDep,
     limit: Annotated[int, Query(ge=1, le=MAX_GROUPS_LISTED)] = 1000,
 ) -> GroupList:
-    out = []
-    for group_id in coordinator.group_ids()[:limit]:
-        d = coordinator.describe(group_id)
-        out.append(
-            GroupSummary(group=group_id, state=d["state"], members=len(d["members"]), lag=d["lag"])
-        )
-    return GroupList(groups=out)
+    if direct_route.get() or FORWARDED_BY.decode() in request.headers:
+        return groups_list.local_list(state.coordinator, limit)
+    return await groups_list.cluster_list(state, limit)
 
 
 @router.get(
