@@ -768,7 +768,7 @@ def _ids(ids: Iterable[int]) -> str:
     return ",".join(str(i) for i in ids)
 
 
-def _wait_reassigned(client: httpx.Client, pending: dict[str, set[int]]) -> None:
+def _wait_reassigned(client: Router, pending: dict[str, set[int]]) -> None:
     """Poll the partition listings until none of ``pending`` is being reassigned. There is no
     overall deadline (a large partition takes as long as its copy does); each request has
     ``--timeout``, and Ctrl-C stops waiting (the move goes on)."""

@@ -81,7 +81,9 @@ class BrokerProcess:
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
-        raise TimeoutError(f"broker not ready after {STARTUP_TIMEOUT_S}s: {self.log()}")
+        log = self.log()
+        self.kill()  # a broker that missed its start is not left running past its test
+        raise TimeoutError(f"broker not ready after {STARTUP_TIMEOUT_S}s: {log}")
 
     def log(self) -> str:
         try:
