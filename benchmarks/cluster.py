@@ -50,10 +50,23 @@ cores. One run measures (issue 11, "Performance"):
    ``NOT_ENOUGH_REPLICAS``). The killed broker is then restarted. p50/p99/max against
    ``broker.session.timeout.ms`` + 1 s. ``--default-kills N`` repeats it on a cluster with
    the default timings (session 9 s).
-4. **HTTP/2 replication fetch on one connection vs HTTP/1.1**: measured by
-   the ``h2_fetch`` benchmark of this package when it exists (it is being written on another
-   branch; run as a child with ``--json``), else reported as
-   missing.
+4. **HTTP/2 replication fetch on one connection vs HTTP/1.1 reading the same bytes**, twice:
+   *a real leader*: on the cluster of parts 1-2, a fresh RF=3 topic gets ``H2_READ_MIB`` (64)
+   ~1 MiB binary batches (acks=all); then, in rounds of ``--h2-seconds`` (2) that alternate,
+   the whole partition is read from offset 0 to its end on one connection, one request in
+   flight, 1 MiB per request (``replica.fetch.max.bytes``): (a) ``POST /replica/fetch`` over
+   the leader's h2c listener, exactly as a follower's fetcher sends it (the bench presents
+   itself as one of the followers, with ``max_wait_ms`` 0; the topic is idle and fully
+   replicated, so the positions it reports move nothing: the high watermark never goes back
+   and the real follower keeps its place in the ISR by its own fetches), decoded as the
+   fetcher decodes it; (b) ``GET /v1/topics/{t}/partitions/0/records?offset=&max_bytes=``
+   over HTTP/1.1 (a consumer's binary read), received in place by a minimal client
+   (:class:`benchmarks.h2_fetch.Http1Client`). Both read the same log through the same
+   broker, so the ratio is what carrying replication over h2c costs end to end (request
+   handling, framing, the client's receive), with the leader's CPU seconds per 10^9 bytes
+   beside it. *Transport only*: the ``h2_fetch`` benchmark of this package (a synthetic
+   server answering preallocated bodies of 1 and 16 MiB on both protocols; run as a child
+   with ``--json``), which isolates HTTP/2's framing and flow control from the broker.
 
 Output: a table on stdout, ``--json`` (default ``docs/bench-cluster.json``), ``--plot``
 (default ``docs/bench-cluster.png``; needs matplotlib, the ``bench`` extra). ``--quick`` is a
@@ -87,8 +100,15 @@ import orjson
 
 from api.process import BrokerProcess
 from benchmarks.consumers import Figure, RawHttp, describe_source
+from benchmarks.h2_fetch import Http1Client
 from benchmarks.http import WrkResult, binary_batch, json_body, run_wrk
 from benchmarks.storage import batch_records, build_fitting_batch
+from cluster import replica_wire as wire
+from cluster.h2transport import H2Client
+from cluster.metadata import MetadataStore
+from cluster.replication import FetchPosition
+from core_log.batch import scan_batches
+from core_log.epoch_cache import UNDEFINED_EPOCH
 
 T = TypeVar("T")
 MIB = 1024 * 1024
@@ -652,10 +672,186 @@ def part_failover(
 
 # -- 4. HTTP/2 fetch ---------------------------------------------------------------------------
 
+H2_READ_MIB = 64  # what the broker-level reads go over: 64 batches of ~1 MiB
+REPLICA_FETCH_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes (a follower's per-partition ask)
+
+
+class _RecordsReader(Http1Client):
+    """One keep-alive HTTP/1.1 connection reading a partition's binary records (a consumer's
+    ``GET …/records?offset=&max_bytes=``), bodies received in place as in ``h2_fetch``."""
+
+    host = ""  # the Host header: the broker checks it names itself
+
+    async def read(self, path: str) -> bytes:
+        assert self.transport is not None
+        self.done = asyncio.get_running_loop().create_future()
+        self.transport.write(
+            f"GET {path} HTTP/1.1\r\nhost: {self.host}\r\naccept: {BATCH_CT}\r\n"
+            "logbus-route: direct\r\n\r\n".encode()
+        )
+        return await self.done
+
+
+def _next_offset(data: bytes | memoryview, offset: int) -> int:
+    last = None
+    for _, header in scan_batches(data):
+        last = header
+    if last is None:
+        raise RuntimeError(f"no batch in the answer at offset {offset}: {bytes(data[:300])!r}")
+    return int(last.next_offset)
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _broker_reads(
+    cluster: Cluster, topic: str, leader: int, follower: int, end: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Alternating rounds of reading ``topic`` from offset 0 to ``end`` on one connection,
+    one request in flight: h2c replica fetches as ``follower`` vs HTTP/1.1 consumer reads."""
+    store = MetadataStore(cluster.metadata_url)
+    try:
+        brokers = {b.broker_id: b for b in store.brokers()}
+    finally:
+        store.close()
+    lead, me = brokers[leader], brokers[follower]
+    part = cluster.partition(topic)
+    port = int(cluster.urls[leader].rsplit(":", 1)[1])
+    h2 = H2Client(lead.host, lead.replication_port)
+    loop = asyncio.get_running_loop()
+    h1s: list[_RecordsReader] = []
+
+    async def h1_conn() -> _RecordsReader:
+        # Reopened when the broker closed it: its keep-alive timeout (5 s) can pass while the
+        # h2c rounds run on a loaded machine.
+        if not h1s or h1s[0].transport is None or h1s[0].transport.is_closing():
+            _, new = await loop.create_connection(_RecordsReader, "127.0.0.1", port)
+            new.host = f"127.0.0.1:{port}"
+            h1s[:] = [new]
+        return h1s[0]
+
+    async def h2_read(offset: int) -> tuple[int, int]:
+        req = wire.ReplicaFetchRequest(
+            follower,
+            me.broker_epoch,
+            0,
+            10 * REPLICA_FETCH_MAX_BYTES,
+            REPLICA_FETCH_MAX_BYTES,
+            {
+                (topic, 0): FetchPosition(
+                    offset, UNDEFINED_EPOCH, int(part["leader_epoch"]), -1, end
+                )
+            },
+        )
+        body = wire.encode_request(req)
+        response = await h2.request("POST", wire.PATH, body=body, timeout_s=REQUEST_TIMEOUT_S)
+        if response.status != 200 or not isinstance(response.body, bytes):
+            raise RuntimeError(f"replica fetch answered {response.status}")
+        ((_, answer, data),) = wire.decode_answer(response.body)
+        if answer.error is not None:
+            raise RuntimeError(f"replica fetch at {offset}: {answer.error}")
+        return len(data), _next_offset(data, offset)
+
+    async def h1_read(offset: int) -> tuple[int, int]:
+        path = f"/v1/topics/{topic}/partitions/0/records?offset={offset}"
+        data = await (await h1_conn()).read(f"{path}&max_bytes={REPLICA_FETCH_MAX_BYTES}")
+        return len(data), _next_offset(data, offset)
+
+    readers = {"http1": h1_read, "h2c_replica_fetch": h2_read}
+    pid = cluster.brokers[leader].proc.pid  # type: ignore[union-attr]
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in readers}
+    try:
+        for read in readers.values():  # warm up: connections, page cache
+            offset = 0
+            while offset < end:
+                offset = (await read(offset))[1]
+        for _ in range(args.rounds):
+            for name, read in readers.items():
+                total = 0
+                cpu0, t0 = _cpu_s(pid), time.perf_counter()
+                while True:
+                    offset = 0
+                    while offset < end:
+                        n, offset = await read(offset)
+                        total += n
+                    if time.perf_counter() - t0 >= args.h2_seconds:
+                        break
+                elapsed = time.perf_counter() - t0
+                rounds[name].append(
+                    {
+                        "mb_per_s": total / elapsed / 1e6,
+                        "leader_cpu_s_per_gb": (_cpu_s(pid) - cpu0) / (total / 1e9),
+                    }
+                )
+    finally:
+        await h2.close()
+        if h1s and h1s[0].transport is not None:
+            h1s[0].transport.close()
+    return {
+        name: {
+            "mb_per_s": statistics.median(r["mb_per_s"] for r in v),
+            "leader_cpu_s_per_gb": statistics.median(r["leader_cpu_s_per_gb"] for r in v),
+            "rounds": v,
+        }
+        for name, v in rounds.items()
+    }
+
+
+def part_h2_broker(
+    cluster: Cluster, args: argparse.Namespace, extra: dict[str, Any]
+) -> list[Figure]:
+    """The replication fetch of a real leader on one h2c connection vs a plain HTTP/1.1 read
+    of the same bytes from the same broker (module docstring, part 4)."""
+    topic = "bench-h2-read"
+    cluster.create_topic(topic, 3, 2)
+    leader, url = cluster.leader_url(topic)
+    follower = min(i for i in cluster.urls if i != leader)
+    batch, _ = binary_batch()
+    with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+        for _ in range(H2_READ_MIB):
+            r = client.post(
+                f"{url}/v1/topics/{topic}/partitions/0/records",
+                params={"acks": "all"},
+                content=batch,
+                headers={"Content-Type": BATCH_CT, **DIRECT},
+            )
+            r.raise_for_status()
+    end = int(cluster.partition(topic, url)["high_watermark"])
+    try:
+        import uvloop  # what the brokers run on; the client's loop is part of the cost
+
+        result = uvloop.run(_broker_reads(cluster, topic, leader, follower, end, args))
+    except ImportError:
+        result = asyncio.run(_broker_reads(cluster, topic, leader, follower, end, args))
+    cluster.delete_topic(topic)
+    extra["h2_broker_read"] = result
+    h1, h2 = result["http1"], result["h2c_replica_fetch"]
+    ratio = statistics.median(
+        a["mb_per_s"] / b["mb_per_s"] for a, b in zip(h2["rounds"], h1["rounds"], strict=True)
+    )
+    print(
+        f"  leader broker, {H2_READ_MIB} MiB in 1 MiB requests: h2c replica fetch "
+        f"{h2['mb_per_s']:,.0f} MB/s, HTTP/1.1 consumer read {h1['mb_per_s']:,.0f} MB/s; "
+        f"leader CPU {h2['leader_cpu_s_per_gb']:.2f} vs {h1['leader_cpu_s_per_gb']:.2f} s/GB",
+        flush=True,
+    )
+    return [
+        Figure(
+            "h2c replication fetch / HTTP/1.1 read, same leader, one connection",
+            ratio,
+            "ratio",
+            note=f"h2c {h2['mb_per_s']:,.0f} MB/s, HTTP/1.1 {h1['mb_per_s']:,.0f} MB/s; "
+            f"1 MiB per request; leader CPU {h2['leader_cpu_s_per_gb']:.2f} vs "
+            f"{h1['leader_cpu_s_per_gb']:.2f} s/GB",
+        )
+    ]
+
 
 def part_h2(args: argparse.Namespace, workdir: Path, extra: dict[str, Any]) -> list[Figure]:
-    """HOOK: the ``h2_fetch`` benchmark (from branch h/h2zc; optional, looked up at run time)
-    measures h2c vs HTTP/1.1 reads of the same bytes; run it when present, take its ratios."""
+    """The transport-only ``h2_fetch`` benchmark (h2c vs HTTP/1.1 reads of the same bytes
+    from a synthetic server), run as a child; its ratios and CPU cost per GB."""
     if importlib.util.find_spec(H2_FETCH) is None:
         print(f"  {H2_FETCH} is not here: HTTP/2 fetch ratio not measured", flush=True)
         extra["h2_fetch"] = f"missing: no {H2_FETCH} in this tree"
@@ -668,19 +864,20 @@ def part_h2(args: argparse.Namespace, workdir: Path, extra: dict[str, Any]) -> l
     extra["h2_fetch"] = report
     figures = []
     for size, entry in report["results"].items():
-        mb_s = entry["mb_per_s"]
+        mb_s, cpu = entry["mb_per_s"], entry["cpu_s_per_gb"]
         figures.append(
             Figure(
-                f"h2c fetch / HTTP/1.1 read, {size} bodies, one connection",
+                f"h2c / HTTP/1.1, transport only, {size} bodies, one connection",
                 entry["ratio_h2c_to_http1_raw"],
                 "ratio",
-                note=f"h2c {mb_s['h2c']:,.0f} MB/s, HTTP/1.1 {mb_s['http1_raw']:,.0f} MB/s",
+                note=f"h2c {mb_s['h2c']:,.0f} MB/s, HTTP/1.1 {mb_s['http1_raw']:,.0f} MB/s; "
+                f"client CPU {cpu['h2c']['client']:.2f} vs {cpu['http1_raw']['client']:.2f} s/GB",
             )
         )
         if "ratio_h2c_replica_wire_to_http1_raw" in entry:  # the replication fetch's own path
             figures.append(
                 Figure(
-                    f"h2c replication fetch / HTTP/1.1 read, {size}",
+                    f"h2c replica_wire / HTTP/1.1, transport only, {size}",
                     entry["ratio_h2c_replica_wire_to_http1_raw"],
                     "ratio",
                     note=f"{mb_s.get('h2c_replica_wire', 0):,.0f} MB/s",
@@ -805,7 +1002,7 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Figure], dict[str
         print(f"  ({part}: {time.monotonic() - t0:.0f} s)", flush=True)
         t0 = time.monotonic()
 
-    if "throughput" in args.only or "lag" in args.only:
+    if {"throughput", "lag", "h2"} & set(args.only):
         single = BrokerProcess(workdir / "single" / "data")
         (workdir / "single").mkdir(parents=True, exist_ok=True)
         cluster = Cluster(workdir / "cluster", 3)
@@ -826,6 +1023,10 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Figure], dict[str
                 print(f"replication lag at {rate:,.0f} records/s:", flush=True)
                 figures += part_lag(cluster, args, rate, extra)
                 done("lag")
+            if "h2" in args.only:
+                print("HTTP/2 replication fetch vs HTTP/1.1 read, one leader broker:", flush=True)
+                figures += part_h2_broker(cluster, args, extra)
+                done("h2 broker")
     if "failover" in args.only:
         print("failover (test timings):", flush=True)
         session = float(FAILOVER_ENV["LOGBUS_BROKER_SESSION_TIMEOUT_MS"])
@@ -844,7 +1045,7 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Figure], dict[str
             )
         done("failover")
     if "h2" in args.only:
-        print("HTTP/2 fetch vs HTTP/1.1:", flush=True)
+        print("HTTP/2 fetch vs HTTP/1.1, transport only (benchmarks.h2_fetch):", flush=True)
         figures += part_h2(args, workdir, extra)
         done("h2")
     return figures, extra
@@ -867,6 +1068,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-ms", type=float, default=50)
     parser.add_argument("--kills", type=int, help="leader SIGKILLs, test timings (20; quick 2)")
     parser.add_argument("--default-kills", type=int, default=0, help="also with default timings")
+    parser.add_argument(
+        "--h2-seconds", type=float, help="per broker-level read round (2; quick 0.5)"
+    )
     parser.add_argument("--driver", choices=["wrk", "python"], help="load generator (wrk if found)")
     parser.add_argument(
         "--only", default=",".join(PARTS), help=f"comma-separated parts of {', '.join(PARTS)}"
@@ -882,6 +1086,7 @@ def main(argv: list[str] | None = None) -> int:
     args.rounds = args.rounds or (1 if q else 3)
     args.lag_seconds = args.lag_seconds or (2.0 if q else 10.0)
     args.kills = args.kills if args.kills is not None else (2 if q else 20)
+    args.h2_seconds = args.h2_seconds or (0.5 if q else 2.0)
     args.driver = args.driver or ("wrk" if shutil.which("wrk") else "python")
     args.only = [p.strip() for p in args.only.split(",") if p.strip()]
     if unknown := set(args.only) - set(PARTS):
