@@ -205,6 +205,19 @@ def _produce_ws(urls: list[str], start: int, count: int) -> None:
         eventually(send, f"a produce of w{i}")
 
 
+def _failover_setup(url: str, brokers: dict[int, BrokerProcess]) -> tuple[str, int, list[str]]:
+    """The coordinator-kill tests' start: their RF=3 topic, a group coordinated by a broker
+    other than 1 (the victim), and the URLs of the brokers that survive it."""
+    r = httpx.post(
+        f"{brokers[1].url}/v1/topics",
+        json={"name": WS_TOPIC, "partitions": WS_PARTITIONS, "replication_factor": 3},
+        timeout=15,
+    )
+    assert r.status_code == 201, r.text
+    group, victim = _ws_group(_leaders(url), not_on=1)
+    return group, victim, [b.url for i, b in brokers.items() if i != victim]
+
+
 def test_a_websocket_member_keeps_receiving_when_its_coordinator_is_killed(
     groups_cluster: tuple[str, dict[int, BrokerProcess]],
 ) -> None:
@@ -217,14 +230,7 @@ def test_a_websocket_member_keeps_receiving_when_its_coordinator_is_killed(
     from tests.api.test_ws import Consumer, credit, join, send
 
     url, brokers = groups_cluster
-    r = httpx.post(
-        f"{brokers[1].url}/v1/topics",
-        json={"name": WS_TOPIC, "partitions": WS_PARTITIONS, "replication_factor": 3},
-        timeout=15,
-    )
-    assert r.status_code == 201, r.text
-    group, victim = _ws_group(_leaders(url), not_on=1)
-    survivors = [b.url for i, b in brokers.items() if i != victim]
+    group, victim, survivors = _failover_setup(url, brokers)
     ws_url = brokers[1].url.replace("http://", "ws://", 1) + "/v1/ws"
 
     async def scenario() -> tuple[Consumer, dict[int, int], list[str]]:
@@ -324,14 +330,7 @@ def test_a_member_sse_stream_through_another_broker_survives_a_coordinator_kill(
     records keep coming: the same response goes on (broker 1 resumes it at the new
     coordinator), every record arrives, at most one retriable error event is seen."""
     url, brokers = groups_cluster
-    r = httpx.post(
-        f"{brokers[1].url}/v1/topics",
-        json={"name": WS_TOPIC, "partitions": WS_PARTITIONS, "replication_factor": 3},
-        timeout=15,
-    )
-    assert r.status_code == 201, r.text
-    group, victim = _ws_group(_leaders(url), not_on=1)
-    survivors = [b.url for i, b in brokers.items() if i != victim]
+    group, victim, survivors = _failover_setup(url, brokers)
 
     def join() -> dict[str, Any] | None:
         r = httpx.post(
