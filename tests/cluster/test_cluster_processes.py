@@ -39,6 +39,23 @@ def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = WAIT
         time.sleep(0.05)
 
 
+def post_until_acknowledged(urls: list[str], path: str, what: str, **request: Any) -> None:
+    """POST ``path`` to the first of ``urls`` that answers 200, again until one does (a
+    partition a killed broker led needs a new leader first)."""
+
+    def send() -> bool | None:
+        for url in urls:
+            try:
+                r = httpx.post(f"{url}{path}", timeout=15, **request)
+            except httpx.TransportError:
+                continue
+            if r.status_code == 200:
+                return True
+        return None
+
+    eventually(send, what)
+
+
 @contextlib.contextmanager
 def brokers_on_one_store(
     directory: Path, count: int = 3, env: dict[str, str] | None = None

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from api.process import BrokerProcess
-from tests.cluster.test_cluster_processes import _row, cluster, eventually
+from tests.cluster.test_cluster_processes import _row, cluster, eventually, post_until_acknowledged
 
 __all__ = ["cluster"]  # the fixture, imported for this module's tests
 GROUP = "clicks-readers"
@@ -126,22 +126,12 @@ def produce(urls: list[str], per_partition: int, start: int) -> None:
     it: after a kill, the partitions it led need a new leader first."""
     for p in range(PARTITIONS):
         values = [{"value": f"p{p}-{start + i}"} for i in range(per_partition)]
-
-        def send(p: int = p, values: list[dict[str, str]] = values) -> bool | None:
-            for url in urls:
-                try:
-                    r = httpx.post(
-                        f"{url}/v1/topics/{TOPIC}/partitions/{p}/records",
-                        json={"records": values},
-                        timeout=15,
-                    )
-                except httpx.TransportError:
-                    continue
-                if r.status_code == 200:
-                    return True
-            return None
-
-        eventually(send, f"a produce to {TOPIC}[{p}]")
+        post_until_acknowledged(
+            urls,
+            f"/v1/topics/{TOPIC}/partitions/{p}/records",
+            f"a produce to {TOPIC}[{p}]",
+            json={"records": values},
+        )
 
 
 def read_all(consumer: Consumer, want: int) -> dict[tuple[str, int], list[str]]:

@@ -18,7 +18,7 @@ import pytest
 import api.process
 from api.process import BrokerProcess
 
-from .test_cluster_processes import _row, brokers_on_one_store, eventually
+from .test_cluster_processes import _row, brokers_on_one_store, eventually, post_until_acknowledged
 
 TOPIC = "views"
 OFFSETS_PARTITIONS = 4  # the coordinator's default for __consumer_offsets
@@ -185,24 +185,14 @@ def _produce_ws(urls: list[str], start: int, count: int) -> None:
     """``w{i}`` for i in [start, start+count), to partition i % 2, retried through any of
     ``urls`` until acknowledged (a partition the killed broker led needs a new leader)."""
     for i in range(start, start + count):
-
-        def send(i: int = i) -> bool | None:
-            for url in urls:
-                try:
-                    r = httpx.post(
-                        f"{url}/v1/topics/{WS_TOPIC}/partitions/{i % WS_PARTITIONS}/records",
-                        params={"acks": "all"},
-                        headers={"Idempotency-Key": f"ws-{i}"},
-                        json={"records": [{"value": f"w{i}"}]},
-                        timeout=15,
-                    )
-                except httpx.TransportError:
-                    continue
-                if r.status_code == 200:
-                    return True
-            return None
-
-        eventually(send, f"a produce of w{i}")
+        post_until_acknowledged(
+            urls,
+            f"/v1/topics/{WS_TOPIC}/partitions/{i % WS_PARTITIONS}/records",
+            f"a produce of w{i}",
+            params={"acks": "all"},
+            headers={"Idempotency-Key": f"ws-{i}"},
+            json={"records": [{"value": f"w{i}"}]},
+        )
 
 
 def _failover_setup(url: str, brokers: dict[int, BrokerProcess]) -> tuple[str, int, list[str]]:
