@@ -143,7 +143,15 @@ def drop_unsynced(root: str | os.PathLike[str], journal: str | os.PathLike[str])
     return dropped
 
 
-ops: FileOps = SyncJournal(os.environ[JOURNAL_ENV]) if os.environ.get(JOURNAL_ENV) else FileOps()
+def ops_from_environment() -> FileOps:
+    """The file operations the environment asks for: :class:`SyncJournal` when
+    ``LOGBUS_TEST_UNSYNCED_JOURNAL`` names a journal, else plain ones. Read once at import; a
+    test fork server (tests/zygote.py) calls it again in each child after setting its env."""
+    journal = os.environ.get(JOURNAL_ENV)
+    return SyncJournal(journal) if journal else FileOps()
+
+
+ops: FileOps = ops_from_environment()
 
 
 @contextmanager

@@ -7,7 +7,7 @@ Theory of operation
   run's throwaway PostgreSQL server (tests/pg.py). Leases are small (``CLUSTER_ENV``: session
   timeout 2 s) so a dead broker is fenced within seconds. Each broker can be SIGKILLed,
   restarted on the same port and data dir, paused (SIGSTOP) and resumed (SIGCONT). Brokers are
-  forked from a zygote that imported their modules once (tests/chaos/zygote.py: a fresh
+  forked from a zygote that imported their modules once (tests/zygote.py: a fresh
   interpreter's imports were most of a restart, 2 s idle and 10-24 s under load); the argv,
   environment and log are those of ``logbus serve``. ``zygote=False`` runs ``python -m api.cli``.
 * Optional link proxies (tests/chaos/proxy.py) the test can cut or stall:
@@ -49,22 +49,18 @@ import functools
 import itertools
 import json
 import os
-import queue
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from api.process import BrokerProcess, free_port
 from cluster.metadata import MetadataStore, PartitionMeta
 from core_log.clock import SystemClock
 from core_log.config import LogConfig
@@ -73,6 +69,7 @@ from core_log.handles import HandleCache
 from core_log.log import PartitionLog
 from tests.chaos.checker import History, HistoryLog, Op, Poll, Record, Send, check
 from tests.chaos.proxy import ThreadedLinkProxy
+from tests.server import BrokerProcess, free_port
 
 T = TypeVar("T")
 
@@ -93,138 +90,11 @@ CLIENT_TIMEOUT_S: Final = 10.0  # > the request timeout (5 s): acks=all is answe
 ROUTE_DIRECT: Final = {"Logbus-Route": "direct"}
 RETRY_BACKOFF_S: Final = 0.05
 DRAIN_S: Final = 60.0  # how long a producer keeps retrying its last batch after stop()
-# The zygote answers its first fork once it imported the broker's modules: 3 s of CPU, but 116 s
-# of wall time when the load average was 35 on 2 cores. A bound that only fails a hang.
-ZYGOTE_START_S: Final = 300.0
-
-
-class ZygoteChild:
-    """A broker forked by the :class:`Zygote`, with the part of ``subprocess.Popen``'s API
-    :class:`BrokerProcess` uses (``pid``, ``poll``, ``wait``, ``kill``, ``send_signal``)."""
-
-    def __init__(self, zygote: Zygote, pid: int) -> None:
-        self.zygote = zygote
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        self.returncode = self.zygote.exit_status(self.pid)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        status = self.zygote.wait_exit(self.pid, timeout)
-        if status is None:
-            raise subprocess.TimeoutExpired(f"broker {self.pid}", timeout or 0.0)
-        self.returncode = status
-        return status
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-class Zygote:
-    """The harness's end of tests/chaos/zygote.py: a fork server whose children are brokers
-    with their modules already imported (its docstring says why)."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.chaos.zygote"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        self._lock = threading.Lock()  # one spawn at a time: answers come in order
-        self._exits: dict[int, int] = {}
-        self._pids: queue.Queue[int | None] = queue.Queue()
-        self._changed = threading.Condition()
-        self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            message = json.loads(line)
-            if "pid" in message:
-                self._pids.put(int(message["pid"]))
-            else:
-                with self._changed:
-                    self._exits[int(message["exit"])] = int(message["status"])
-                    self._changed.notify_all()
-        self._pids.put(None)  # the zygote died: a waiting spawn fails
-
-    def spawn(self, argv: list[str], env: dict[str, str], log: Path) -> ZygoteChild:
-        assert self.proc.stdin is not None
-        command = json.dumps({"argv": argv, "env": env, "log": str(log)})
-        with self._lock:
-            self.proc.stdin.write(command.encode() + b"\n")
-            self.proc.stdin.flush()
-            pid = self._pids.get(timeout=ZYGOTE_START_S)
-        if pid is None:
-            raise RuntimeError(f"the zygote exited with {self.proc.poll()}")
-        return ZygoteChild(self, pid)
-
-    def exit_status(self, pid: int) -> int | None:
-        with self._changed:
-            return self._exits.get(pid)
-
-    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
-        with self._changed:
-            self._changed.wait_for(lambda: pid in self._exits, timeout)
-            return self._exits.get(pid)
-
-    def close(self) -> None:
-        """EOF: the zygote SIGKILLs any child still running, reaps them and exits."""
-        with contextlib.suppress(OSError):
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=WAIT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(WAIT_S)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
 
 
 class ChaosBroker(BrokerProcess):
-    """A broker process that may take longer to start: on 2 cores shared with other test runs
-    the interpreter's imports alone took 7 s, and three brokers start at once. Given a
-    :class:`Zygote`, it is forked from it instead (the same ``logbus serve`` argv and env)."""
-
-    STARTUP_TIMEOUT_S: Final = 120.0
-
-    def __init__(self, *args: Any, zygote: Zygote | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.zygote = zygote
-
-    def start(self) -> BrokerProcess:
-        if self.zygote is None:
-            return super().start()
-        assert self.proc is None, "already running"
-        argv = ["serve", "--data-dir", str(self.data_dir), "--port", str(self.port)]
-        env = {**os.environ, **self.env}
-        child = self.zygote.spawn([*argv, *self.extra_args], env, self.log_path)
-        # Duck-typed: BrokerProcess uses only pid, poll, wait, kill and send_signal.
-        self.proc = cast("subprocess.Popen[bytes]", child)
-        self._wait_ready()
-        return self
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}: {self.log()}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{self.url}/readyz", timeout=5.0).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise TimeoutError(f"broker not ready after {self.STARTUP_TIMEOUT_S}s: {self.log()}")
+    """A broker of the chaos cluster: forked from the test run's zygote (tests/zygote.py) unless
+    the cluster was made with ``zygote=False``."""
 
 
 def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = WAIT_S) -> T:
@@ -284,7 +154,6 @@ class ChaosCluster:
         self.clients: list[ChaosClient] = []
         self._store: MetadataStore | None = None
         self._store_lock = threading.Lock()
-        self.zygote = Zygote() if zygote else None
         base_env = {**CLUSTER_ENV, **(env or {})}
         for i in range(1, brokers + 1):
             url = metadata_url
@@ -310,7 +179,7 @@ class ChaosCluster:
                 "--metadata-url",
                 url,
                 env=broker_env,
-                zygote=self.zygote,
+                fork=zygote,
             )
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -343,8 +212,6 @@ class ChaosCluster:
             b.kill()
         for p in [*self.repl_proxies.values(), *self.db_proxies.values()]:
             p.close()
-        if self.zygote is not None:
-            self.zygote.close()
         if self._store is not None:
             self._store.close()
 

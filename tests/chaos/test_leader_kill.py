@@ -15,7 +15,7 @@ Where a cycle's time goes (phases printed at the end of each run, median/max in 
 ``elect`` (kill -> the store names a new leader: the 2 s session timeout), ``start`` (the
 restarted broker answers /readyz), ``resume`` (writes to the partition acknowledged again),
 ``rejoin`` (every ISR full again, every broker applied the rows). Brokers are forked from a
-preloaded zygote (tests/chaos/zygote.py): a fresh interpreter spent 2 s importing when the
+preloaded zygote (tests/zygote.py): a fresh interpreter spent 2 s importing when the
 machine was idle and 10-24 s at load 10-20, most of a cycle. Measured on this 2-core machine
 shared with other test runs, 20 cycles, medians: SQLite at load 15 elect 2.1, start 3.9, rejoin
 1.8, cycle 7.9 s; PostgreSQL at load 20 elect 2.4, start 7.5, rejoin 3.6, cycle 14.3 s, and at

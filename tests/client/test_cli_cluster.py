@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from api.process import BrokerProcess
 from tests.cluster.test_cluster_processes import brokers_on_one_store, eventually
+from tests.server import BrokerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPIC = "cli-failover"

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from api.process import BrokerProcess
 from cluster.metadata import MetadataStore, PartitionMeta
+from tests.server import BrokerProcess
 
 T = TypeVar("T")
 # Small leases so a killed broker is fenced within seconds (defaults: 2 s / 9 s / 30 s).

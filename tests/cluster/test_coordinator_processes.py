@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from api.process import BrokerProcess
 from tests.cluster.test_cluster_processes import _row, cluster, eventually, post_until_acknowledged
+from tests.server import BrokerProcess
 
 __all__ = ["cluster"]  # the fixture, imported for this module's tests
 GROUP = "clicks-readers"

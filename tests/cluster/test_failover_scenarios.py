@@ -42,12 +42,12 @@ import pytest
 import sqlalchemy as sa
 
 import api.process
-from api.process import BrokerProcess
 from cluster.metadata import MetadataStore, PartitionMeta
 from cluster.schema import brokers_table
 from core_log.batch import scan_batches
 from core_log.fileio import JOURNAL_ENV, drop_unsynced
 from tests.cluster.test_cluster_processes import CLUSTER_ENV
+from tests.server import BrokerProcess
 
 T = TypeVar("T")
 WAIT_S = 60.0  # a bound for what a healthy cluster reaches in a few seconds

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import api.process
-from api.process import BrokerProcess
+from tests.server import BrokerProcess
 
 from .test_cluster_processes import _row, brokers_on_one_store, eventually, post_until_acknowledged
 

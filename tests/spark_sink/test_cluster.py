@@ -22,10 +22,10 @@ from typing import Any
 import httpx
 import pytest
 
-from api.process import BrokerProcess
 from logbus_client.producer import ProducerSession
 from logbus_client.routing import Router
 from tests.cluster.test_cluster_processes import brokers_on_one_store, eventually
+from tests.server import BrokerProcess
 
 TOPIC = "clicks"
 PARTITIONS = 2
