@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -259,7 +259,7 @@ def test_every_change_bumps_the_security_version_once_and_reads_do_not(
 ) -> None:
     store = meta.security
     metadata_version = meta.metadata_version()
-    changes = [
+    changes: list[Callable[[], object]] = [
         lambda: store.create_user("alice", 1),
         lambda: store.add_key("alice", "k1", "h", "", 1),
         lambda: store.add_acls([_acl()], 1),
@@ -272,7 +272,7 @@ def test_every_change_bumps_the_security_version_once_and_reads_do_not(
         lambda: store.revoke_key("alice", "k1"),
         lambda: store.delete_user("alice"),
     ]
-    reads = [
+    reads: list[Callable[[], object]] = [
         store.snapshot,
         store.users,
         store.acls,
