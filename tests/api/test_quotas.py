@@ -22,6 +22,7 @@ import pytest
 from api.quota_state import ANONYMOUS, QuotaState, client_id, quota_user
 from auth_quotas.quotas import QuotaConfig, QuotaType
 from cluster.security_store import QuotaRow
+from core_log.errors import LogbusError
 from tests.api.inprocess import app_client
 
 P = "producer_byte_rate"
@@ -165,10 +166,10 @@ def test_client_ids_are_checked() -> None:
     assert client_id(scope([], b"client_id=web"), query_too=True) == "web"
     assert client_id(scope([], b"client_id=web"), query_too=False) == ""
     for bad in (b"", b"a b", b"x" * 256, "é".encode(), b"a/b"):
-        with pytest.raises(Exception) as info:
+        with pytest.raises(LogbusError) as info:
             client_id(scope([(b"logbus-client-id", bad)]), query_too=False)
         assert getattr(info.value, "http_status", None) == 400
-    with pytest.raises(Exception):
+    with pytest.raises(LogbusError):
         client_id(scope([], b"client_id=a&client_id=b"), query_too=True)
 
 
