@@ -66,6 +66,18 @@ class QuotaEntry(BaseModel):
 
 
 class QuotaList(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "quotas": [
+                        {"entity": {"user": "alice"}, "quotas": {"producer_byte_rate": 1048576}}
+                    ],
+                    "version": 7,
+                }
+            ]
+        }
+    )
     quotas: list[QuotaEntry]
     version: int = Field(description="the security version these quotas are at")
 
