@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,12 +73,18 @@ log = logging.getLogger("logbus.replication")
 TopicPartition = tuple[str, int]
 FETCH_BACKOFF_S = 0.1  # after a failed replica fetch (leader down, link cut)
 # Replication bytes per fetch that may be read (leader) or appended (follower) on the event
-# loop instead of in a worker thread: one default replica.fetch.max.bytes. Only data appended
-# since the follower's previous fetch is read inline (it was written milliseconds ago: page
-# cache, ≈ 0.25 ms per MiB). Why: under the bench load (4 producers streaming 1 MiB bodies into
-# the leader's loop) each hop to a worker thread and back waited for the GIL and cost 3-12 ms
-# of latency per fetch, more than the copy itself; an acks=all produce waits for two of them.
+# loop instead of in a worker thread: one default replica.fetch.max.bytes. Only data among the
+# leader's last REPLICA_HOT_BYTES appended is read inline (written milliseconds to seconds ago:
+# page cache, ≈ 0.25 ms per MiB). Why: under the bench load (4 producers streaming 1 MiB bodies
+# into the leader's loop) each hop to a worker thread and back waited for the GIL and cost 3-12
+# ms of latency per fetch, more than the copy itself; an acks=all produce waits for two of them.
 REPLICA_INLINE_BYTES = 1_048_576
+# What a leader counts as recently appended, hence in the page cache: its last 64 MiB (a few
+# tenths of a second at the bench's rates; the box has 24 GiB), remembered as at most
+# HOT_APPENDS_KEPT appends (more, smaller appends only shrink the window). A follower that
+# is behind by more (restarting, catching up) reads in the reads pool, off the loop.
+REPLICA_HOT_BYTES = 64 * 1_048_576
+HOT_APPENDS_KEPT = 1024
 FORWARD_HEADER_BYTES = 1024 * 1024  # room for a forwarded request's JSON header
 
 
@@ -149,12 +156,27 @@ class Leading:
     fsync: bool
     led_log: LedLog
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # HW, ISR or role moved
+    # (first offset, bytes appended before it) of this leader's latest appends, oldest first,
+    # covering at most REPLICA_HOT_BYTES: see :meth:`hot`.
+    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HOT_APPENDS_KEPT))
+    appended_bytes: int = 0
     isr_change: asyncio.Task[None] | None = None
     active: bool = True
 
     def notify(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def appended(self, first_offset: int, size: int) -> None:
+        self.recent.append((first_offset, self.appended_bytes))
+        self.appended_bytes += size
+        while self.recent and self.appended_bytes - self.recent[0][1] > REPLICA_HOT_BYTES:
+            self.recent.popleft()
+
+    def hot(self, offset: int) -> bool:
+        """Whether reading from ``offset`` to the log end reads only what this leader appended
+        among its last REPLICA_HOT_BYTES (in the page cache: cheap enough for the loop)."""
+        return bool(self.recent) and offset >= self.recent[0][0]
 
 
 @dataclass(eq=False)
@@ -408,6 +430,8 @@ class ReplicaManager:
         result = await leading.partition.append(
             data, leader_epoch=replica.leader_epoch, durable=leading.fsync and wait_for_isr
         )
+        if not result.duplicate:
+            leading.appended(result.base_offset, result.size_bytes)
         self._wake_fetches()
         self._advance(leading)
         if wait_for_isr:  # a duplicate too: the first attempt may have timed out uncommitted
@@ -503,8 +527,6 @@ class ReplicaManager:
                 ready = True
                 continue
             part = leading.partition
-            seen = leading.replica.followers.get(req.broker_id)
-            seen_end = seen.last_fetch_leader_end_offset if seen is not None else -1
             decision = leading.replica.on_fetch(req.broker_id, position, leading.led_log, now)
             data = b""
             if decision.read_from is not None:
@@ -512,8 +534,7 @@ class ReplicaManager:
                 self._schedule_isr_change(leading)
                 room = min(req.partition_max_bytes, req.max_bytes - total)
                 if room > 0 and part.log_end_offset > decision.read_from:
-                    # Appended since this follower's previous fetch: in the page cache.
-                    hot = 0 <= seen_end <= decision.read_from and room <= inline_left
+                    hot = room <= inline_left and leading.hot(decision.read_from)
                     try:
                         result = await part.read(
                             decision.read_from,
