@@ -80,11 +80,12 @@ FETCH_BACKOFF_S = 0.1  # after a failed replica fetch (leader down, link cut)
 # ms of latency per fetch, more than the copy itself; an acks=all produce waits for two of them.
 REPLICA_INLINE_BYTES = 1_048_576
 # What a leader counts as recently appended, hence in the page cache: its last 64 MiB (a few
-# tenths of a second at the bench's rates; the box has 24 GiB), remembered as at most
-# HOT_APPENDS_KEPT appends (more, smaller appends only shrink the window). A follower that
-# is behind by more (restarting, catching up) reads in the reads pool, off the loop.
+# tenths of a second at the bench's rates; the box has 24 GiB). It is remembered as one entry
+# per HOT_STEP_BYTES appended (at most 65 entries per partition, whatever the append sizes),
+# so the window's start is exact to within one MiB. A follower that is behind by more
+# (restarting, catching up) reads in the reads pool, off the loop.
 REPLICA_HOT_BYTES = 64 * 1_048_576
-HOT_APPENDS_KEPT = 1024
+HOT_STEP_BYTES = 1_048_576
 FORWARD_HEADER_BYTES = 1024 * 1024  # room for a forwarded request's JSON header
 
 
@@ -156,9 +157,9 @@ class Leading:
     fsync: bool
     led_log: LedLog
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # HW, ISR or role moved
-    # (first offset, bytes appended before it) of this leader's latest appends, oldest first,
-    # covering at most REPLICA_HOT_BYTES: see :meth:`hot`.
-    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HOT_APPENDS_KEPT))
+    # (first offset, bytes appended before it) of some of this leader's latest appends, at
+    # least HOT_STEP_BYTES apart, oldest first, covering at most REPLICA_HOT_BYTES: see hot().
+    recent: deque[tuple[int, int]] = field(default_factory=deque)
     appended_bytes: int = 0
     isr_change: asyncio.Task[None] | None = None
     active: bool = True
@@ -168,7 +169,8 @@ class Leading:
         self.changed = asyncio.Event()
 
     def appended(self, first_offset: int, size: int) -> None:
-        self.recent.append((first_offset, self.appended_bytes))
+        if not self.recent or self.appended_bytes - self.recent[-1][1] >= HOT_STEP_BYTES:
+            self.recent.append((first_offset, self.appended_bytes))
         self.appended_bytes += size
         while self.recent and self.appended_bytes - self.recent[0][1] > REPLICA_HOT_BYTES:
             self.recent.popleft()
