@@ -13,6 +13,7 @@ from fastapi_offline import FastAPIOffline
 from cluster.broker import Broker, BrokerConfig
 from cluster.coordinator import Coordinator
 from cluster.replica_manager import FORWARD_HEADER_BYTES, ReplicationConfig
+from cluster.security_watcher import SecurityWatcher
 from core_log.datadir import DataDirLock
 
 from . import errors
@@ -24,7 +25,8 @@ from .metrics import Metrics
 from .params import NAME_PATTERN, UINT_PATTERN
 from .problems import PROBLEM_JSON
 from .proxy import Proxy
-from .routes import cluster, groups, producers, records, topics, ws
+from .quota_state import QuotaState, quota_config
+from .routes import cluster, groups, producers, quotas, records, topics, ws
 from .routes.common import errors as errors_doc
 from .schemas import FetchResponse, Problem
 from .settings import Settings
@@ -91,6 +93,7 @@ def create_fastapi(settings: Settings) -> FastAPI:
     app.include_router(groups.router)
     app.include_router(ws.router)
     app.include_router(cluster.router)
+    app.include_router(quotas.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -235,14 +238,28 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         offsets_retention_ms=settings.offsets_retention_ms,
     )
     await coordinator.start()
+    quotas = QuotaState(
+        quota_config(
+            settings.quota_window_num,
+            settings.quota_window_size_seconds,
+            settings.quota_max_throttle_ms,
+        ),
+        max_sensors=settings.quota_max_sensors,
+    )
     state = AppState(
         settings=settings,
         broker=broker,
-        metrics=Metrics(broker, coordinator, budgets),
+        metrics=Metrics(broker, coordinator, budgets, quotas),
         coordinator=coordinator,
         budgets=budgets,
         proxy=Proxy(broker, settings.max_wait_ms) if broker.config.clustered else None,
+        quotas=quotas,
     )
+    # Quotas come from the metadata store; every change is in force here within ~0.3 s.
+    watcher = SecurityWatcher(broker.store.security, quotas.apply_snapshot)
+    await watcher.refresh()
+    watcher.start()
+    state.security_watcher = watcher
     app.state.logbus = state
     probe = LoopLagProbe(state.metrics.loop_lag, settings.loop_lag_interval_ms / 1000)
     if settings.loop_lag_interval_ms > 0:
@@ -256,6 +273,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if fast is not None:
             fast.state = None
         probe.stop()
+        await watcher.stop()
         if state.proxy is not None:
             await state.proxy.close()
         await coordinator.close()

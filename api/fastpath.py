@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from cluster.forwarding import ROUTES, direct_route
 from core_log.errors import ErrorCode, LogbusError
 
-from . import guard, records, streams
+from . import guard, quota_gate, records, streams
 from .budgets import RETRY_AFTER_S, BodyGuard, Budgets, ByteBudget, budget_exhausted
 from .guard import BrowserPolicy
 from .params import PARTITION_MAX
@@ -85,12 +85,27 @@ class FastPath:
             return
         token = direct_route.set(route == "direct")
         try:
-            if scope["type"] == "http":
-                await self._guarded(scope, receive, send)
+            state = self.state
+            if state is not None and scope["type"] in ("http", "websocket"):
+                await quota_gate.serve(
+                    state.quotas,
+                    scope,
+                    receive,
+                    send,
+                    self._dispatch,
+                    partitions=state.partition_count,
+                    default_fetch_bytes=state.settings.default_fetch_bytes,
+                )
             else:
-                await self.app(scope, receive, send)
+                await self._dispatch(scope, receive, send)
         finally:
             direct_route.reset(token)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._guarded(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state

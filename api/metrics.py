@@ -18,6 +18,7 @@ from cluster.coordinator import Coordinator
 
 from .budgets import Budgets
 from .loop_lag import LagRecorder
+from .quota_state import METRICS_MAX_ENTITIES, QuotaState
 
 MAX_GROUPS_EXPORTED = 1_000  # a scrape stays bounded whatever the number of groups
 LATENCY_BUCKETS_S = (
@@ -174,9 +175,46 @@ class _LimitsCollector(Collector):
             yield GaugeMetricFamily(name, what, value=budget.used_bytes)
 
 
+class _QuotaCollector(Collector):
+    """Per quota entity (Kafka's ``user`` / ``client-id`` tags; a ``<default>``-level quota is
+    measured per concrete user or client): the measured rate, the quota and the throttle time
+    handed out. Only measured entities (a quota applies to them), at most
+    ``METRICS_MAX_ENTITIES`` of the most recently active."""
+
+    def __init__(self, quotas: QuotaState) -> None:
+        self.quotas = quotas
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["quota_type", "user", "client_id"]
+        rate = GaugeMetricFamily(
+            "logbus_quota_rate",
+            "Measured rate (bytes/s; request_percentage: % of one loop)",
+            labels=labels,
+        )
+        limit = GaugeMetricFamily("logbus_quota_limit", "The quota in force", labels=labels)
+        throttle = CounterMetricFamily(
+            "logbus_quota_throttle_time_ms", "Throttle time handed out (ms)", labels=labels
+        )
+        for e in self.quotas.stats(METRICS_MAX_ENTITIES):
+            values = [e.quota_type.value, e.user, e.client_id]
+            rate.add_metric(values, e.rate)
+            limit.add_metric(values, e.limit)
+            throttle.add_metric(values, e.throttle_ms_total)
+        yield rate
+        yield limit
+        yield throttle
+        yield GaugeMetricFamily(
+            "logbus_quota_sensors", "Clients measured against a quota", value=len(self.quotas)
+        )
+
+
 class Metrics:
     def __init__(
-        self, broker: Broker, coordinator: Coordinator | None = None, budgets: Budgets | None = None
+        self,
+        broker: Broker,
+        coordinator: Coordinator | None = None,
+        budgets: Budgets | None = None,
+        quotas: QuotaState | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -201,6 +239,8 @@ class Metrics:
             r.register(_GroupCollector(coordinator))
         if budgets is not None:
             r.register(_LimitsCollector(budgets))
+        if quotas is not None:
+            r.register(_QuotaCollector(quotas))
         self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self._topic_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
 

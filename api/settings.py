@@ -87,6 +87,15 @@ class Settings(BaseSettings):
     max_inflight_response_bytes: PositiveInt = 256 * 1024 * 1024  # produce/fetch answers sent
     max_queued_stream_bytes: PositiveInt = 128 * 1024 * 1024  # WebSocket/SSE reads being pushed
 
+    # Client quotas (api/quota_state.py, docs/security.md#quotas), Kafka's names and defaults:
+    # rates are measured over quota.window.num samples of quota.window.size.seconds.
+    quota_window_num: PositiveInt = 11
+    quota_window_size_seconds: PositiveInt = 1
+    # The longest a throttled request is held; 0: one measurement span (11 s by default).
+    quota_max_throttle_ms: int = 0
+    # Sensors (measured clients) kept per broker; past it the least recently used are dropped.
+    quota_max_sensors: PositiveInt = 10_000
+
     fast_path: bool = True  # serve produce/fetch from the lean ASGI route
     # Partitions on this broker, internal topics included (core_log.limits has the reason).
     max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS

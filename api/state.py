@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from cluster.broker import Broker
 from cluster.coordinator import Coordinator
+from cluster.security_watcher import SecurityWatcher
+from core_log.errors import LogbusError
 
 from .budgets import Budgets
 from .metrics import Metrics
 from .proxy import Proxy
+from .quota_state import QuotaState
 from .settings import Settings
 
 
@@ -24,6 +27,15 @@ class AppState:
     coordinator: Coordinator
     budgets: Budgets
     proxy: Proxy | None = None  # in a cluster: group and admin calls other brokers answer
+    quotas: QuotaState = field(default_factory=QuotaState)  # client quotas (api.quota_gate)
+    security_watcher: SecurityWatcher | None = None  # reloads quotas when the store changes
+
+    def partition_count(self, topic: str) -> int:
+        """A topic's partition count as this broker knows it (0: unknown)."""
+        try:
+            return self.broker.topic(topic).partitions
+        except LogbusError:
+            return 0
 
 
 def get_state(request: Request) -> AppState:

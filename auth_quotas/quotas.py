@@ -570,6 +570,18 @@ class QuotaSensors:
         remaining = math.inf if math.isinf(limit) else max(limit * window_ms / 1000 - total, 0.0)
         return Throttle(quota_type, limit, throttle, remaining, window_ms, resolution.sensor_key)
 
+    def recent(
+        self, limit: int, now_ms: int
+    ) -> list[tuple[tuple[QuotaType, tuple[str, str]], float]]:
+        """The rates of the ``limit`` most recently used sensors, newest first (``/metrics``
+        shows these, so its label cardinality is bounded whatever the sensor cap)."""
+        out: list[tuple[tuple[QuotaType, tuple[str, str]], float]] = []
+        for k, (s, _) in reversed(self._sensors.items()):
+            if len(out) >= limit:
+                break
+            out.append((k, s.measure(now_ms)))
+        return out
+
     def rates(self, now_ms: int) -> dict[tuple[QuotaType, tuple[str, str]], float]:
         """The current rate of every sensor (for ``/metrics``)."""
         return {k: s.measure(now_ms) for k, (s, _) in self._sensors.items()}

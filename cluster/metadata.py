@@ -155,6 +155,10 @@ class MetadataStore:
             sa.event.listen(self.writer, "connect", _sqlite_pragmas)
             migrate.begin_immediate(self.writer)
         migrate.upgrade(self.engine)
+        from .security_store import SecurityStore  # it imports this module
+
+        # Users, keys, ACLs, quotas and the cluster secret, on the same engines.
+        self.security = SecurityStore(self.engine, self.writer)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -638,23 +642,22 @@ class MetadataStore:
         return int(after) - count
 
 
-def _bump_version(c: sa.Connection) -> None:
-    """Tell every broker the metadata changed (they poll this counter). An UPDATE of the one
-    row: concurrent changes serialise on it, and the counter never goes back."""
+def _bump_version(c: sa.Connection, counter: str = METADATA_VERSION) -> None:
+    """Tell every broker the metadata changed (they poll this counter; the security store
+    bumps its own, ``security_version``). An UPDATE of the one row: concurrent changes
+    serialise on it, and the counter never goes back."""
     name = counters_table.c.name
     updated = c.execute(
-        counters_table.update()
-        .where(name == METADATA_VERSION)
-        .values(value=counters_table.c.value + 1)
+        counters_table.update().where(name == counter).values(value=counters_table.c.value + 1)
     ).rowcount
     if not updated:
         try:
             with c.begin_nested():
-                c.execute(counters_table.insert().values(name=METADATA_VERSION, value=1))
+                c.execute(counters_table.insert().values(name=counter, value=1))
         except IntegrityError:  # another broker created it first
             c.execute(
                 counters_table.update()
-                .where(name == METADATA_VERSION)
+                .where(name == counter)
                 .values(value=counters_table.c.value + 1)
             )
 

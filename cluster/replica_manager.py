@@ -41,14 +41,17 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from core_log.clock import Clock
 from core_log.config import LogConfig
+from core_log.epoch_cache import UNDEFINED_EPOCH
 from core_log.errors import ErrorCode, KafkaStorageError, LogbusError, OffsetOutOfRangeError
-from core_log.log import AppendResult
+from core_log.limits import OFF_LOOP_IO_BYTES
+from core_log.log import AppendResult, PartitionLog
 from core_log.manager import LogManager, Partition
 
 from . import replica_wire as wire
@@ -69,6 +72,20 @@ from .replication import (
 log = logging.getLogger("logbus.replication")
 TopicPartition = tuple[str, int]
 FETCH_BACKOFF_S = 0.1  # after a failed replica fetch (leader down, link cut)
+# Replication bytes per fetch that may be read (leader) or appended (follower) on the event
+# loop instead of in a worker thread: one default replica.fetch.max.bytes. Only data among the
+# leader's last REPLICA_HOT_BYTES appended is read inline (written milliseconds to seconds ago:
+# page cache, ≈ 0.25 ms per MiB). Why: under the bench load (4 producers streaming 1 MiB bodies
+# into the leader's loop) each hop to a worker thread and back waited for the GIL and cost 3-12
+# ms of latency per fetch, more than the copy itself; an acks=all produce waits for two of them.
+REPLICA_INLINE_BYTES = 1_048_576
+# What a leader counts as recently appended, hence in the page cache: its last 64 MiB (a few
+# tenths of a second at the bench's rates; the box has 24 GiB). It is remembered as one entry
+# per HOT_STEP_BYTES appended (at most 65 entries per partition, whatever the append sizes),
+# so the window's start is exact to within one MiB. A follower that is behind by more
+# (restarting, catching up) reads in the reads pool, off the loop.
+REPLICA_HOT_BYTES = 64 * 1_048_576
+HOT_STEP_BYTES = 1_048_576
 FORWARD_HEADER_BYTES = 1024 * 1024  # room for a forwarded request's JSON header
 
 
@@ -95,18 +112,73 @@ class NotLeaderError(LogbusError):
     code = ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
+class LedLog:
+    """A led partition's log as the leader's fetch handling reads it (a
+    :class:`cluster.replication.LogView`): ``end_offset_for_epoch`` of the latest epoch is
+    answered without the log's lock.
+
+    Why: nearly every fetch of an in-sync follower names the leader's latest epoch, and
+    :meth:`PartitionLog.end_offset_for_epoch` takes the log's lock with a *blocking* acquire
+    on the event loop. Under acks=all load the appends pool holds that lock for a whole 1 MiB
+    append (2-20 ms at load 6 on the 2-core box), so each follower fetch froze the broker's
+    loop — every produce, every ack, the other follower's fetch — until the append finished.
+
+    Why it is safe: a led log is never truncated, and its latest epoch changes only by
+    ``assign_leader_epoch`` before leading begins (:meth:`ReplicaManager._lead`); the answer
+    for the latest epoch is then (that epoch, the log end offset), exactly what the epoch cache
+    answers, and the log end only grows — reading it without the lock is reading it a moment
+    earlier or later, as ``log_end_offset`` always is. Older epochs (a follower's first fetch
+    after a leader change) take the lock as before.
+    """
+
+    __slots__ = ("log",)
+
+    def __init__(self, log: PartitionLog) -> None:
+        self.log = log
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.log.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        if epoch != UNDEFINED_EPOCH and epoch == self.log.latest_epoch:
+            return epoch, self.log.log_end_offset
+        return self.log.end_offset_for_epoch(epoch)
+
+
 @dataclass(eq=False)
 class Leading:
     partition: Partition
     replica: LeaderReplica
     fsync: bool
+    led_log: LedLog
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # HW, ISR or role moved
+    # (first offset, bytes appended before it) of some of this leader's latest appends, at
+    # least HOT_STEP_BYTES apart, oldest first, covering at most REPLICA_HOT_BYTES: see hot().
+    recent: deque[tuple[int, int]] = field(default_factory=deque)
+    appended_bytes: int = 0
     isr_change: asyncio.Task[None] | None = None
     active: bool = True
 
     def notify(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def appended(self, first_offset: int, size: int) -> None:
+        if not self.recent or self.appended_bytes - self.recent[-1][1] >= HOT_STEP_BYTES:
+            self.recent.append((first_offset, self.appended_bytes))
+        self.appended_bytes += size
+        while self.recent and self.appended_bytes - self.recent[0][1] > REPLICA_HOT_BYTES:
+            self.recent.popleft()
+
+    def hot(self, offset: int) -> bool:
+        """Whether reading from ``offset`` to the log end reads only what this leader appended
+        among its last REPLICA_HOT_BYTES (in the page cache: cheap enough for the loop)."""
+        return bool(self.recent) and offset >= self.recent[0][0]
 
 
 @dataclass(eq=False)
@@ -294,7 +366,7 @@ class ReplicaManager:
             epoch_start_offset=part.log_end_offset,
             fsync_durability=fsync,
         )
-        self.leading[tp] = Leading(part, replica, fsync)
+        self.leading[tp] = Leading(part, replica, fsync, LedLog(part.log))
         self._advance(self.leading[tp])
         log.info("%s-%d: leading in epoch %d, isr %s", *tp, row.leader_epoch, row.isr)
 
@@ -360,6 +432,8 @@ class ReplicaManager:
         result = await leading.partition.append(
             data, leader_epoch=replica.leader_epoch, durable=leading.fsync and wait_for_isr
         )
+        if not result.duplicate:
+            leading.appended(result.base_offset, result.size_bytes)
         self._wake_fetches()
         self._advance(leading)
         if wait_for_isr:  # a duplicate too: the first attempt may have timed out uncommitted
@@ -446,6 +520,7 @@ class ReplicaManager:
         answers: list[tuple[TopicPartition, PartitionFetchAnswer]] = []
         buffers: list[bytes] = []
         total, ready = 0, False
+        inline_left = REPLICA_INLINE_BYTES
         now = self._now_ms()
         for tp, position in req.positions.items():
             leading = self.leading.get(tp)
@@ -454,18 +529,24 @@ class ReplicaManager:
                 ready = True
                 continue
             part = leading.partition
-            decision = leading.replica.on_fetch(req.broker_id, position, part.log, now)
+            decision = leading.replica.on_fetch(req.broker_id, position, leading.led_log, now)
             data = b""
             if decision.read_from is not None:
                 self._advance(leading)
                 self._schedule_isr_change(leading)
                 room = min(req.partition_max_bytes, req.max_bytes - total)
                 if room > 0 and part.log_end_offset > decision.read_from:
+                    hot = room <= inline_left and leading.hot(decision.read_from)
                     try:
                         result = await part.read(
-                            decision.read_from, room, max_offset=part.log_end_offset
+                            decision.read_from,
+                            room,
+                            max_offset=part.log_end_offset,
+                            inline_max_bytes=room if hot else OFF_LOOP_IO_BYTES - 1,
                         )
                         data = result.data
+                        if hot:
+                            inline_left -= len(data)
                     except OffsetOutOfRangeError:
                         decision = type(decision)(error=FetchError.OFFSET_OUT_OF_RANGE)
                     except KafkaStorageError:
@@ -667,19 +748,29 @@ class ReplicaManager:
             raise OSError(f"replica fetch answered {response.status}")
         body = response.body if isinstance(response.body, bytes) else b"".join(response.body)
         backoff = False
+        inline_left = REPLICA_INLINE_BYTES
         for tp, answer, data in wire.decode_answer(body):
             following = self.following.get(tp)
             if following is None or following is not mine.get(tp) or tp not in sent:
                 continue  # the role changed while the fetch was out
+            inline = OFF_LOOP_IO_BYTES - 1  # the default: small appends run inline anyway
+            if len(data) <= inline_left:
+                inline = max(inline, len(data))
+                inline_left -= len(data)
             async with following.lock:
                 if self.following.get(tp) is not following:
                     continue
-                backoff |= await self._apply_answer(following, sent[tp], answer, data)
+                backoff |= await self._apply_answer(following, sent[tp], answer, data, inline)
         if backoff:
             await asyncio.sleep(FETCH_BACKOFF_S)
 
     async def _apply_answer(
-        self, f: Following, sent: FetchPosition, answer: PartitionFetchAnswer, data: memoryview
+        self,
+        f: Following,
+        sent: FetchPosition,
+        answer: PartitionFetchAnswer,
+        data: memoryview,
+        inline_max_bytes: int = OFF_LOOP_IO_BYTES - 1,
     ) -> bool:
         part, lg = f.partition, f.partition.log
         action = f.replica.on_answer(sent, answer, lg)
@@ -697,7 +788,10 @@ class ReplicaManager:
             await asyncio.to_thread(lg.truncate_fully_and_start_at, action.offset)
             return False
         if len(data):
-            await part.append(bytes(data), as_follower=True, durable=f.fsync)
+            # A view of the response body (immutable bytes), appended byte for byte, no copy.
+            await part.append(
+                data, as_follower=True, durable=f.fsync, inline_max_bytes=inline_max_bytes
+            )
         # The HW first: the log start may not pass it, and records below the leader's log start
         # (which may differ from what the leader deleted) must go in this same step.
         part.set_high_watermark(FollowerReplica.high_watermark(answer, lg.log_end_offset))

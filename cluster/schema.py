@@ -99,6 +99,69 @@ idempotency_keys_table = sa.Table(
 )
 
 
+# -- security (issue 12): users, API keys, ACLs, client quotas, the cluster secret ---------------
+# Plain strings only: the api layer turns rows into auth_quotas objects (cluster does not import
+# auth_quotas). Sizes: names follow auth_quotas/limits.py (principals 255, resource names 249).
+
+users_table = sa.Table(
+    "users",
+    metadata_obj,
+    sa.Column("name", sa.String(255), primary_key=True),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+)
+
+api_keys_table = sa.Table(
+    "api_keys",
+    metadata_obj,
+    sa.Column("key_id", sa.String(64), primary_key=True),
+    sa.Column(
+        "user_name",
+        sa.String(255),
+        sa.ForeignKey("users.name", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    sa.Column("hash", sa.String(512), nullable=False),  # argon2id PHC string (~100 chars)
+    sa.Column("description", sa.String(1024), nullable=False, server_default=""),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+)
+
+# The six fields are the key: adding an ACL twice is a no-op, as in Kafka.
+acls_table = sa.Table(
+    "acls",
+    metadata_obj,
+    sa.Column("principal", sa.String(255), primary_key=True),
+    sa.Column("resource_type", sa.String(32), primary_key=True),
+    sa.Column("name", sa.String(249), primary_key=True),
+    sa.Column("pattern", sa.String(16), primary_key=True),
+    sa.Column("operation", sa.String(32), primary_key=True),
+    sa.Column("permission", sa.String(16), primary_key=True),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+)
+
+# An absent entity part is stored as "" (not NULL: SQL unique keys treat NULLs as distinct, so
+# (NULL, 'app', t) could be inserted twice); "<default>" is Kafka's default entity. The store
+# hands absent parts out as None.
+quotas_table = sa.Table(
+    "quotas",
+    metadata_obj,
+    sa.Column("user_name", sa.String(255), primary_key=True),
+    sa.Column("client_id", sa.String(255), primary_key=True),
+    sa.Column("quota_type", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Double, nullable=False),
+)
+
+# Random secrets for scoped-token HMACs and the inter-broker credential. The highest generation
+# is current; older ones still verify until retired (rotation).
+cluster_secrets_table = sa.Table(
+    "cluster_secrets",
+    metadata_obj,
+    sa.Column("generation", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("secret", sa.LargeBinary(64), nullable=False),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),  # database clock
+)
+
+
 class db_now_ms(FunctionElement[int]):
     """The database's clock in milliseconds since the epoch, as a SQL expression."""
 

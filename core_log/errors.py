@@ -80,6 +80,8 @@ class ErrorCode(enum.Enum):
     UNSUPPORTED_COMPRESSION_TYPE = (76, False, 415)
     INVALID_RECORD = (87, False, 400)
     THROTTLING_QUOTA_EXCEEDED = (89, True, 429)
+    RESOURCE_NOT_FOUND = (91, False, 404)  # e.g. an unknown user (Kafka's SCRAM admin APIs)
+    DUPLICATE_RESOURCE = (92, False, 409)  # e.g. a user or key id that already exists
     NON_EMPTY_GROUP = (68, False, 409)
     GROUP_ID_NOT_FOUND = (69, False, 404)
     GROUP_MAX_SIZE_REACHED = (81, False, 503)

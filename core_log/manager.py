@@ -168,14 +168,20 @@ class Partition:
         leader_epoch: int = 0,
         as_follower: bool = False,
         durable: bool = False,
+        inline_max_bytes: int = OFF_LOOP_IO_BYTES - 1,
     ) -> AppendResult:
         """Append whole batches; with ``durable`` (or when ``flush.messages`` is reached) wait
         for an fsync covering them. Advances the high watermark in standalone mode, never past
-        an append that must be fsynced first (:attr:`PartitionLog.committable_offset`)."""
+        an append that must be fsynced first (:attr:`PartitionLog.committable_offset`).
+
+        ``inline_max_bytes``: appends up to this size run on the event loop when the log's lock
+        is free and nothing would block (:meth:`PartitionLog.try_append`); larger ones in the
+        appends pool. A caller raises it where a thread hop costs more than the write (a
+        follower's replication append: see cluster.replica_manager)."""
         self.log_dir.check()
         try:
             result = None
-            inline = len(data) < OFF_LOOP_IO_BYTES and not self._queued_appends
+            inline = len(data) <= inline_max_bytes and not self._queued_appends
             if inline and (as_follower or not any_compressed(data)):
                 result = self.log.try_append(
                     data, leader_epoch=leader_epoch, as_follower=as_follower, durable=durable
@@ -244,12 +250,19 @@ class Partition:
         return self.log_dir.failed(error)
 
     async def read(
-        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        inline_max_bytes: int = OFF_LOOP_IO_BYTES - 1,
     ) -> ReadResult:
-        """Small reads run inline unless the lock is busy; large ones in the reads pool."""
+        """Reads of at most ``inline_max_bytes`` run inline unless the lock is busy; larger ones
+        in the reads pool. A caller raises the bound for reads it knows to be in the page cache
+        (a follower fetching what was appended since its previous fetch)."""
         self.log_dir.check()
         try:
-            if max_bytes < OFF_LOOP_IO_BYTES:
+            if max_bytes <= inline_max_bytes:
                 result = self.log.try_read(offset, max_bytes, max_offset=max_offset)
                 if result is not None:
                     return result

@@ -34,6 +34,7 @@ EXPECTED_PATHS = {
     "/v1/groups/{group}/members/{member}/records": {"get"},
     "/v1/groups/{group}/offsets": {"get", "post"},
     "/v1/groups/{group}/offsets/reset": {"post"},
+    "/v1/quotas": {"get", "put", "delete"},
     "/healthz": {"get"},
     "/readyz": {"get"},
     "/metrics": {"get"},

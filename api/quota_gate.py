@@ -1,0 +1,392 @@
+"""Quota enforcement at the front door: every HTTP request, WebSocket and SSE stream.
+
+Theory of operation
+-------------------
+:class:`api.fastpath.FastPath` hands each request to :func:`serve` when a quota is configured
+(:attr:`api.quota_state.QuotaState.active`); it wraps the request's ``receive`` and ``send``,
+so the fast path, the FastAPI routes, forwarded admin calls and streams are all measured in one
+place, by what actually crossed the wire. Each broker measures what its own clients send and
+receive (Kafka: every broker enforces its share); a request another broker forwarded
+(``Logbus-Forwarded-By``) was measured where it came in and is not measured again.
+
+What is measured (Kafka's quota types):
+
+* ``producer_byte_rate``: request body bytes of a produce (``POST …/records``); on a WebSocket,
+  every message the client sends.
+* ``consumer_byte_rate``: response body bytes of a fetch (``GET …/records``: partition fetches,
+  long-polls, group polls, SSE streams); on a WebSocket, every message the broker sends.
+* ``request_percentage``: the time the request's own task ran on the event loop (its handler
+  time; time spent waiting — a long-poll, a disk read in a thread — is not counted), as a
+  share of one second (100 = one event loop; Kafka: one handler thread).
+* ``controller_mutation_rate``: partitions created, deleted or added (KIP-599, strict): while
+  the caller's bucket is negative the request is refused with 429
+  ``THROTTLING_QUOTA_EXCEEDED`` and its throttle time; an accepted one takes its partitions.
+
+How a client over quota is slowed (never refused, mutations aside):
+
+* **HTTP.** Before a request is served, the broker waits out the throttle its past traffic
+  earned (``(O - T) / T * W``, at most ``max_throttle_ms``), with ``asyncio.sleep``: the
+  request holds no broker memory while it waits (its body stays in the socket), and other
+  clients are not affected. The answer carries ``Logbus-Throttle-Time-Ms`` (the throttle after
+  this request: how long the client should pause before the next one; a client that obeys it
+  is never held), ``Retry-After`` when that is positive, and for byte quotas the IETF draft's
+  ``RateLimit-Policy`` / ``RateLimit`` fields. A throttled fetch is answered later, not
+  larger: it reads at most what the quota allows in one measurement span
+  (``max_value_in_window``: ``max_bytes`` is lowered to it), and the long-poll's ``wait_ms``
+  counts from when the request came, so the throttle does not add to the wait.
+* **Streams (SSE, WebSocket pushes).** Each chunk sent is recorded; the chunk after it waits
+  out the throttle before it goes. The stream's producer is blocked in ``send`` meanwhile, so
+  it reads nothing more: pushes slow down, nothing queues. A WebSocket client's messages are
+  read only after their throttle, so a flooding producer is slowed by TCP backpressure.
+
+Every delay is bounded (``max_throttle_ms``; request time: one window), so a connection holds
+at most one chunk or one message while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from auth_quotas.errors import ThrottlingQuotaExceededError
+from auth_quotas.quotas import QuotaType, Resolution, Throttle, max_value_in_window
+from core_log.errors import LogbusError
+
+from .problems import PROBLEM_JSON, problem_bytes
+from .quota_state import QuotaState, client_id, quota_user
+
+_PRODUCE: Final = re.compile(r"^/v1/topics/[^/]+(?:/partitions/[^/]+)?/records/?$")
+_FETCH: Final = re.compile(r"^/v1/(?:topics|groups)/[^/]+/(?:partitions|members)/[^/]+/records/?$")
+_CREATE: Final = re.compile(r"^/v1/topics/?$")
+_TOPIC: Final = re.compile(r"^/v1/topics/([^/]+)/?$")
+_ADD_PARTITIONS: Final = re.compile(r"^/v1/topics/([^/]+)/partitions/?$")
+MAX_CAPTURED_BYTES: Final = 64 * 1024  # an admin answer read back for its partition count
+_FORWARDED_BY: Final = b"logbus-forwarded-by"
+
+P = QuotaType.PRODUCER_BYTE_RATE
+C = QuotaType.CONSUMER_BYTE_RATE
+R = QuotaType.REQUEST_PERCENTAGE
+
+
+def forwarded(scope: Scope) -> bool:
+    """A request another broker passed on (measured where it came in)."""
+    return any(k == _FORWARDED_BY for k, _ in scope["headers"])
+
+
+def wants_sse(scope: Scope) -> bool:
+    accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+    return b"text/event-stream" in accept.lower()
+
+
+class _Timed:
+    """Awaits a coroutine, adding up the time its own steps ran (``ns``): the request's
+    handler time on the event loop, without the time it waited."""
+
+    __slots__ = ("_coro", "_step_start", "ns")
+
+    def __init__(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._coro = coro
+        self.ns = 0
+        self._step_start = 0
+
+    def so_far(self) -> int:
+        """Handler time including the step running now."""
+        return self.ns + (time.perf_counter_ns() - self._step_start if self._step_start else 0)
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro = self._coro
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            self._step_start = time.perf_counter_ns()
+            try:
+                yielded = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration:
+                return
+            finally:
+                self.ns += time.perf_counter_ns() - self._step_start
+                self._step_start = 0
+            value, error = None, None
+            try:
+                value = yield yielded
+            except BaseException as e:  # cancellation, passed on into the handler
+                error = e
+
+
+class _Pacer:
+    """A stream's throttle: each chunk recorded when sent; the next waits out what it owes."""
+
+    __slots__ = ("_due", "_quotas", "_res", "_type", "last")
+
+    def __init__(self, quotas: QuotaState, quota_type: QuotaType, res: Resolution) -> None:
+        self._quotas = quotas
+        self._type = quota_type
+        self._res = res
+        self._due = 0.0  # loop time before which the next chunk waits
+        self.last: Throttle | None = None
+
+    async def before(self) -> None:
+        loop = asyncio.get_running_loop()
+        wait = self._due - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    def sent(self, size: int) -> None:
+        self.last = t = self._quotas.record(self._type, self._res, size)
+        if t.throttle_time_ms:
+            self._due = asyncio.get_running_loop().time() + t.throttle_time_ms / 1000
+
+
+def _no_partitions(topic: str) -> int:
+    return 0
+
+
+async def serve(
+    quotas: QuotaState,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    app: ASGIApp,
+    *,
+    partitions: Callable[[str], int] = _no_partitions,
+    default_fetch_bytes: int = 1024 * 1024,
+) -> None:
+    """Serve one request or socket through ``app``, measured and throttled.
+    ``partitions``: a topic's partition count (0 unknown), for the permits of a deletion or
+    partition increase; ``default_fetch_bytes``: what a fetch without ``max_bytes`` reads."""
+    if forwarded(scope):
+        await app(scope, receive, send)
+        return
+    is_ws = scope["type"] == "websocket"
+    try:
+        client = client_id(scope, query_too=is_ws or wants_sse(scope))
+    except LogbusError as e:
+        await _refuse(scope, send, e, {})
+        return
+    user = quota_user(scope)
+    if not quotas.active:
+        await app(scope, receive, send)
+        return
+    if is_ws:
+        await _websocket(quotas, user, client, scope, receive, send, app)
+    else:
+        await _http(
+            quotas, user, client, scope, receive, send, app, partitions, default_fetch_bytes
+        )
+
+
+async def _refuse(scope: Scope, send: Send, error: LogbusError, headers: dict[str, str]) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 4400 if error.http_status == 400 else 4429})
+        return
+    body = problem_bytes(error)
+    raw = [
+        (b"content-type", PROBLEM_JSON.encode()),
+        (b"content-length", str(len(body)).encode()),
+        *((k.lower().encode(), v.encode()) for k, v in headers.items()),
+    ]
+    await send({"type": "http.response.start", "status": error.http_status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _websocket(
+    quotas: QuotaState,
+    user: str,
+    client: str,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    app: ASGIApp,
+) -> None:
+    produce = quotas.resolve(P, user, client)
+    consume = quotas.resolve(C, user, client)
+    cap_s = quotas.config.throttle_cap_ms / 1000
+
+    async def paced_receive() -> Message:
+        message = await receive()
+        if produce is not None and message["type"] == "websocket.receive":
+            data = message.get("bytes") or message.get("text") or b""
+            t = quotas.record(P, produce, len(data))
+            if t.throttle_time_ms:  # read on only after the throttle: TCP pushes back
+                await asyncio.sleep(min(t.throttle_time_ms / 1000, cap_s))
+        return message
+
+    pacer = None if consume is None else _Pacer(quotas, C, consume)
+
+    async def paced_send(message: Message) -> None:
+        if pacer is not None and message["type"] == "websocket.send":
+            await pacer.before()
+            data = message.get("bytes") or message.get("text") or b""
+            await send(message)
+            pacer.sent(len(data))
+            return
+        await send(message)
+
+    await app(scope, paced_receive if produce is not None else receive, paced_send)
+
+
+def _kind(method: str, path: str) -> str:
+    if method == "POST" and _PRODUCE.match(path):
+        return "produce"
+    if method == "GET" and _FETCH.match(path):
+        return "fetch"
+    if method == "POST" and _CREATE.match(path):
+        return "create"
+    if method == "DELETE" and _TOPIC.match(path):
+        return "delete"
+    if method == "POST" and _ADD_PARTITIONS.match(path):
+        return "add"
+    return "other"
+
+
+async def _http(
+    quotas: QuotaState,
+    user: str,
+    client: str,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    app: ASGIApp,
+    partitions: Callable[[str], int],
+    default_fetch_bytes: int,
+) -> None:
+    kind = _kind(scope["method"], scope["path"])
+    mutation = kind in ("create", "delete", "add")
+    if mutation:
+        refused_ms = quotas.mutation_refused_ms(user, client)
+        if refused_ms:
+            error = ThrottlingQuotaExceededError(refused_ms)
+            headers = {
+                "Logbus-Throttle-Time-Ms": str(refused_ms),
+                "Retry-After": str(-(-refused_ms // 1000)),
+            }
+            await _refuse(scope, send, error, headers)
+            return
+    byte_type = P if kind == "produce" else C if kind == "fetch" else None
+    byte_res = quotas.resolve(byte_type, user, client) if byte_type is not None else None
+    time_res = quotas.resolve(R, user, client)
+    # Wait out what past traffic earned, holding nothing (the body is still in the socket).
+    owed = 0
+    if byte_res is not None and byte_type is not None:
+        owed = quotas.record(byte_type, byte_res, 0).throttle_time_ms
+    if time_res is not None:
+        owed = max(owed, quotas.record(R, time_res, 0).throttle_time_ms)
+    owed = min(owed, quotas.config.throttle_cap_ms)
+    if owed:
+        await asyncio.sleep(owed / 1000)
+    if kind == "fetch" and byte_res is not None:
+        scope = _clamped_fetch(scope, byte_res.limit, quotas, owed, default_fetch_bytes)
+    before = 0
+    if kind in ("delete", "add"):
+        named = (_TOPIC if kind == "delete" else _ADD_PARTITIONS).match(scope["path"])
+        before = partitions(named[1]) if named is not None else 0
+
+    received = 0
+
+    async def counted_receive() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+        return message
+
+    status = 0
+    captured: list[bytes] = []
+    captured_size = 0
+    pacer: _Pacer | None = None
+    timed: _Timed
+
+    async def gated_send(message: Message) -> None:
+        nonlocal status, pacer, captured_size
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            headers = list(message.get("headers", ()))
+            length = next((v for k, v in headers if k.lower() == b"content-length"), None)
+            throttles: list[Throttle] = []
+            if byte_res is not None and byte_type is P:
+                throttles.append(quotas.record(P, byte_res, received))
+            elif byte_res is not None and byte_type is C:
+                if length is not None and length.isdigit():
+                    throttles.append(quotas.record(C, byte_res, int(length)))
+                else:  # a stream: measured chunk by chunk
+                    pacer = _Pacer(quotas, C, byte_res)
+                    throttles.append(quotas.record(C, byte_res, 0))
+            if time_res is not None:
+                throttles.append(quotas.record(R, time_res, timed.so_far()))
+            if throttles:
+                headers.extend(_response_headers(throttles, quotas))
+            message = {**message, "headers": headers}
+        elif message["type"] == "http.response.body":
+            body = message.get("body", b"")
+            if pacer is not None and body:
+                await pacer.before()
+                await send(message)
+                pacer.sent(len(body))
+                return
+            if mutation and 200 <= status < 300 and captured_size < MAX_CAPTURED_BYTES:
+                captured.append(bytes(body))
+                captured_size += len(body)
+        await send(message)
+
+    timed = _Timed(app(scope, counted_receive, gated_send))  # type: ignore[arg-type]
+    try:
+        await timed
+    finally:
+        if mutation and 200 <= status < 300:
+            quotas.mutation_done(user, client, _permits(kind, before, b"".join(captured)))
+
+
+def _permits(kind: str, before: int, answer: bytes) -> int:
+    """Partitions a successful mutation created, deleted or added (Kafka's permits)."""
+    if kind == "delete":
+        return max(before, 1)
+    try:
+        doc = orjson.loads(answer)
+        count = int(doc["partitions"]) if isinstance(doc, dict) else 0
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        count = 0
+    if kind == "create":
+        return max(count, 1)
+    return max(count - before, 1)
+
+
+def _response_headers(throttles: list[Throttle], quotas: QuotaState) -> list[tuple[bytes, bytes]]:
+    """The throttle fields of an answer: the largest throttle of all that applied; the byte
+    quota's RateLimit fields."""
+    worst = max(throttles, key=lambda t: t.throttle_time_ms)
+    fields = worst.headers(quotas.config)
+    for t in throttles:
+        if t.quota_type is not R:
+            rate = t.headers(quotas.config)
+            for name in ("RateLimit-Policy", "RateLimit"):
+                if name in rate:
+                    fields[name] = rate[name]
+    return [(k.lower().encode(), v.encode()) for k, v in fields.items()]
+
+
+def _clamped_fetch(
+    scope: Scope, limit: float, quotas: QuotaState, owed_ms: int, default_bytes: int
+) -> Scope:
+    """A throttled fetch reads no more than the quota allows in one span, and its long-poll
+    wait counts from when it came (the throttle already spent part of it)."""
+    cap = max(1, int(max_value_in_window(limit, quotas.config)))
+    query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+    out: list[tuple[str, str]] = []
+    seen = False
+    for k, v in query:
+        if k == "max_bytes" and v.isdigit() and len(v) < 20:
+            seen = True
+            v = str(min(int(v), cap))
+        elif k == "wait_ms" and owed_ms and v.isdigit() and len(v) < 20:
+            v = str(max(int(v) - owed_ms, 0))
+        out.append((k, v))
+    if not seen and cap < default_bytes:
+        out.append(("max_bytes", str(cap)))
+    return {**scope, "query_string": urlencode(out).encode("latin-1")}
