@@ -5,10 +5,12 @@ elects another leader in a higher epoch, and writes to that partition go on ther
 sends one batch to the new leader while L is still stopped). The producers' requests that were
 in flight at L, or queued in its socket when it stopped, stay unanswered until SIGCONT; then
 L finds its lease lapsed (its monotonic clock says no renewal for longer than the session
-timeout), so every one of them must be answered with an error, never 200: their records may
-exist only in L's log. L is fenced (registers again with a higher broker epoch), follows the
-new leader, truncates what the new leader does not have and rejoins the ISR. Afterwards the
-checker finds no anomaly and the replicas are byte-identical up to the high watermark.
+timeout), so every one of them whose write was not committed before the stop is answered with
+an error, never 200: its records may exist only in L's log (a 200 is only ever for committed
+records, which the history checker verifies). L is fenced (registers again with a higher
+broker epoch), follows the new leader, truncates what the new leader does not have and rejoins
+the ISR. Afterwards the checker finds no anomaly and the replicas are byte-identical up to the
+high watermark.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def test_paused_leader_is_fenced_and_its_pending_writes_fail(
             resumed_at = time.monotonic()
             cluster.resume(paused)
 
-            # Every request L held across the pause is answered, and none with 200.
+            # Every request L held across the pause is answered.
             def held_answered() -> list[Attempt] | None:
                 held = [
                     a
@@ -76,10 +78,13 @@ def test_paused_leader_is_fenced_and_its_pending_writes_fail(
                 ]
                 return held or None
 
-            held = eventually(held_answered, f"the requests broker {paused} held")
+            eventually(held_answered, f"the requests broker {paused} held")
             client.wait_acked(10, f"writes to {p} after the pause", partition=p)
-            held = held_answered() or []
-            assert all(a.status != 200 for a in held), held
+            # A held request may still get 200, but only if its write was committed before
+            # the stop: its answer was already on its way out, or a follower fetch queued
+            # before the stop moved the high watermark over it. Either way the records are in
+            # every ISR replica, and the checker below fails the run if one is missing from
+            # the final log at its offset (lost-write / inconsistent-offsets).
 
             # Fenced: a new incarnation; then it follows, truncates and rejoins every ISR.
             eventually(
