@@ -27,6 +27,7 @@ from .proxy import Proxy
 from .routes import cluster, groups, producers, records, topics, ws
 from .routes.common import errors as errors_doc
 from .schemas import FetchResponse, Problem
+from .security import Security
 from .settings import Settings
 from .state import AppState
 
@@ -227,8 +228,20 @@ def _drop_null(param: dict[str, Any]) -> None:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     budgets: Budgets = getattr(app.state, "budgets", None) or Budgets.from_settings(settings)
-    broker = Broker(broker_config(settings), dir_lock=getattr(app.state, "dir_lock", None))
+    hasher = getattr(app.state, "hasher_factory", None)  # tests pass a cheap argon2 cost
+    security = Security(settings, **({"hasher_factory": hasher} if hasher else {}))
+    broker = Broker(
+        broker_config(settings),
+        dir_lock=getattr(app.state, "dir_lock", None),
+        credential=security.credential,
+    )
     await broker.start()
+    assert broker.metadata is not None
+    try:
+        await security.start(broker.metadata.security)
+    except BaseException:
+        await broker.close()
+        raise
     coordinator = Coordinator(
         broker,
         offsets_partitions=settings.offsets_topic_partitions,
@@ -241,8 +254,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics=Metrics(broker, coordinator, budgets),
         coordinator=coordinator,
         budgets=budgets,
-        proxy=Proxy(broker, settings.max_wait_ms) if broker.config.clustered else None,
+        proxy=Proxy(broker, settings.max_wait_ms, security) if broker.config.clustered else None,
+        security=security,
     )
+    state.metrics.watch_security(security.stats)
     app.state.logbus = state
     probe = LoopLagProbe(state.metrics.loop_lag, settings.loop_lag_interval_ms / 1000)
     if settings.loop_lag_interval_ms > 0:
@@ -250,6 +265,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     fast: FastPath | None = getattr(app.state, "fast_path", None)
     if fast is not None:
         fast.state = state
+        fast.access.security = security
     try:
         yield
     finally:
@@ -259,6 +275,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if state.proxy is not None:
             await state.proxy.close()
         await coordinator.close()
+        await security.stop()
         await broker.close()
 
 

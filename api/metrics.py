@@ -18,6 +18,7 @@ from cluster.coordinator import Coordinator
 
 from .budgets import Budgets
 from .loop_lag import LagRecorder
+from .security import AuthStats
 
 MAX_GROUPS_EXPORTED = 1_000  # a scrape stays bounded whatever the number of groups
 LATENCY_BUCKETS_S = (
@@ -174,6 +175,31 @@ class _LimitsCollector(Collector):
             yield GaugeMetricFamily(name, what, value=budget.used_bytes)
 
 
+class _SecurityCollector(Collector):
+    """Counters kept by api.security (plain dict increments on the request path)."""
+
+    def __init__(self, stats: AuthStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        failures = CounterMetricFamily(
+            "logbus_authentication_failures",
+            "Requests refused 401, by reason (missing, malformed, invalid, expired)",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self.stats.failures.items()):
+            failures.add_metric([reason], n)
+        yield failures
+        denials = CounterMetricFamily(
+            "logbus_authorization_denials",
+            "Requests or messages refused by the ACLs, by resource type",
+            labels=["resource_type"],
+        )
+        for rtype, n in sorted(self.stats.denials.items()):
+            denials.add_metric([rtype], n)
+        yield denials
+
+
 class Metrics:
     def __init__(
         self, broker: Broker, coordinator: Coordinator | None = None, budgets: Budgets | None = None
@@ -249,6 +275,10 @@ class Metrics:
         for metric in (self.bytes_in, self.records_in, self.bytes_out, self.records_out):
             with contextlib.suppress(KeyError):
                 metric.remove(topic)
+
+    def watch_security(self, stats: AuthStats) -> None:
+        """Authentication failures by reason and authorization denials by resource type."""
+        self.registry.register(_SecurityCollector(stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,6 +13,7 @@ from cluster.coordinator import Coordinator
 from .budgets import Budgets
 from .metrics import Metrics
 from .proxy import Proxy
+from .security import Security
 from .settings import Settings
 
 
@@ -24,6 +25,13 @@ class AppState:
     coordinator: Coordinator
     budgets: Budgets
     proxy: Proxy | None = None  # in a cluster: group and admin calls other brokers answer
+    security: Security | None = None  # users, keys, ACLs (api.security); set at start
+
+
+def get_security(request: Request) -> Security:
+    security = get_state(request).security
+    assert security is not None, "the app's lifespan sets it"
+    return security
 
 
 def get_state(request: Request) -> AppState:
@@ -44,3 +52,4 @@ def get_coordinator(request: Request) -> Coordinator:
 
 BrokerDep = Annotated[Broker, Depends(get_broker)]
 CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
+SecurityDep = Annotated[Security, Depends(get_security)]
