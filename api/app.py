@@ -15,7 +15,7 @@ from cluster.coordinator import Coordinator
 from cluster.replica_manager import FORWARD_HEADER_BYTES, ReplicationConfig
 from core_log.datadir import DataDirLock
 
-from . import errors
+from . import access, errors
 from .budgets import Budgets
 from .fastpath import FastPath
 from .guard import BrowserPolicy
@@ -24,7 +24,7 @@ from .metrics import Metrics
 from .params import NAME_PATTERN, UINT_PATTERN
 from .problems import PROBLEM_JSON
 from .proxy import Proxy
-from .routes import cluster, groups, producers, records, topics, ws
+from .routes import cluster, groups, producers, records, security, topics, ws
 from .routes.common import errors as errors_doc
 from .schemas import FetchResponse, Problem
 from .security import Security
@@ -92,6 +92,7 @@ def create_fastapi(settings: Settings) -> FastAPI:
     app.include_router(groups.router)
     app.include_router(ws.router)
     app.include_router(cluster.router)
+    app.include_router(security.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -113,6 +114,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     _document_names(schema)
     _document_limits(schema, app.state.settings)
     _document_route(schema)
+    _document_security(schema)
     components = schema.get("components", {}).get("schemas", {})
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
@@ -150,6 +152,34 @@ def _document_route(schema: dict[str, Any]) -> None:
                     "partition (or coordinate the group): the body names the one that does",
                     "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
                 },
+            )
+
+
+def _document_security(schema: dict[str, Any]) -> None:
+    """Bearer (API key, scoped token, JWT) and Basic (user + API key) for every route that
+    is not public (api.access.TABLE), so the docs UI's Authorize button fills them in."""
+    schema.setdefault("components", {})["securitySchemes"] = {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key (lbk.…), a scoped token (lbt.…) or a JWT",
+        },
+        "basic": {
+            "type": "http",
+            "scheme": "basic",
+            "description": "User name and API key, for tools that speak only Basic",
+        },
+    }
+    unauthorized = errors_doc(401)[401]
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            rule, _ = access.match(method.upper(), path)
+            if rule.kind is access.Kind.PUBLIC:
+                op["security"] = []
+                continue
+            op["security"] = [{"bearer": []}, {"basic": []}]
+            op.setdefault("responses", {}).setdefault(
+                "401", {k: v for k, v in unauthorized.items() if k != "model"}
             )
 
 
@@ -229,16 +259,16 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     budgets: Budgets = getattr(app.state, "budgets", None) or Budgets.from_settings(settings)
     hasher = getattr(app.state, "hasher_factory", None)  # tests pass a cheap argon2 cost
-    security = Security(settings, **({"hasher_factory": hasher} if hasher else {}))
+    guard = Security(settings, **({"hasher_factory": hasher} if hasher else {}))
     broker = Broker(
         broker_config(settings),
         dir_lock=getattr(app.state, "dir_lock", None),
-        credential=security.credential,
+        credential=guard.credential,
     )
     await broker.start()
     assert broker.metadata is not None
     try:
-        await security.start(broker.metadata.security)
+        await guard.start(broker.metadata.security)
     except BaseException:
         await broker.close()
         raise
@@ -254,10 +284,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics=Metrics(broker, coordinator, budgets),
         coordinator=coordinator,
         budgets=budgets,
-        proxy=Proxy(broker, settings.max_wait_ms, security) if broker.config.clustered else None,
-        security=security,
+        proxy=Proxy(broker, settings.max_wait_ms, guard) if broker.config.clustered else None,
+        security=guard,
     )
-    state.metrics.watch_security(security.stats)
+    state.metrics.watch_security(guard.stats)
     app.state.logbus = state
     probe = LoopLagProbe(state.metrics.loop_lag, settings.loop_lag_interval_ms / 1000)
     if settings.loop_lag_interval_ms > 0:
@@ -265,7 +295,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     fast: FastPath | None = getattr(app.state, "fast_path", None)
     if fast is not None:
         fast.state = state
-        fast.access.security = security
+        fast.access.security = guard
     try:
         yield
     finally:
@@ -275,7 +305,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if state.proxy is not None:
             await state.proxy.close()
         await coordinator.close()
-        await security.stop()
+        await guard.stop()
         await broker.close()
 
 

@@ -26,6 +26,7 @@ each answer at most ``limit`` groups (``MAX_GROUPS_LISTED``); the whole listing 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +79,7 @@ def local_list(coordinator: Coordinator, limit: int) -> GroupList:
 
 
 async def cluster_list(
-    state: AppState, limit: int, scope: dict[str, Any] | None = None
+    state: AppState, limit: int, scope: Mapping[str, Any] | None = None
 ) -> GroupList:
     """Every group of the cluster: this broker's own and every other coordinator's."""
     broker, proxy = state.broker, state.proxy

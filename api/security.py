@@ -198,6 +198,11 @@ class Security:
         self.watcher = watcher
         watcher.start()
 
+    async def refresh(self) -> None:
+        """Load the store's state now (after a change made here: read your writes)."""
+        if self.watcher is not None:
+            await self.watcher.refresh()
+
     async def stop(self) -> None:
         if self.watcher is not None:
             await self.watcher.stop()
