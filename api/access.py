@@ -20,10 +20,10 @@ check names found in a body (``body`` in the rule says which).
 Answers follow Kafka: no or a bad credential is 401 ``SASL_AUTHENTICATION_FAILED`` with
 ``WWW-Authenticate``; a denial is 403 with the resource type's code
 (``TOPIC_AUTHORIZATION_FAILED`` …), except that a topic the principal may not even describe
-answers 404 ``UNKNOWN_TOPIC_OR_PARTITION`` for everything but produce and fetch (as Kafka's
-metadata, delete and config requests do), so its existence does not leak. A refused WebSocket
-is accepted and closed at once with 4401 or 4403 and a reason (a browser sees no status of a
-refused upgrade).
+answers 404 ``UNKNOWN_TOPIC_OR_PARTITION`` for everything but produce, fetch and create (as
+Kafka's metadata, delete and config requests do), so its existence does not leak. A refused
+WebSocket is accepted and closed at once with 4401 or 4403 and a reason (a browser sees no
+status of a refused upgrade).
 
 Forwarded requests: a broker passing a request on (:mod:`api.proxy`) sends the cluster
 credential (:mod:`cluster.interbroker`) and the original principal in ``Logbus-Principal``.
@@ -95,12 +95,23 @@ class Rule:
 
     @property
     def hides(self) -> bool:
-        """A topic the principal may not describe answers 404, except produce and fetch."""
-        return self.resource_type is ResourceType.TOPIC and self.operation not in (
-            Operation.READ,
-            Operation.WRITE,
-        )
+        """A topic the principal may not describe answers 404 (see :data:`HIDING`)."""
+        return self.resource_type is ResourceType.TOPIC and self.operation in HIDING
 
+
+# Operations on an existing topic that answer "unknown topic" to a principal who may not
+# describe it (Kafka's DeleteTopics, CreatePartitions, DescribeConfigs, AlterConfigs,
+# ListOffsets); produce, fetch and create answer TOPIC_AUTHORIZATION_FAILED, which tells
+# nothing about existence either.
+HIDING: Final = frozenset(
+    {
+        Operation.DESCRIBE,
+        Operation.DESCRIBE_CONFIGS,
+        Operation.ALTER,
+        Operation.ALTER_CONFIGS,
+        Operation.DELETE,
+    }
+)
 
 PUBLIC = Rule(Kind.PUBLIC)
 AUTHENTICATED = Rule(Kind.AUTHENTICATED)
@@ -247,7 +258,7 @@ def require(
     security.count_denial(resource.type)
     if (
         resource.type is ResourceType.TOPIC
-        and op not in (Operation.READ, Operation.WRITE)
+        and op in HIDING
         and not security.allowed(identity, Operation.DESCRIBE, resource)
     ):
         raise hidden_topic(resource.name)

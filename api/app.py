@@ -287,7 +287,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         proxy=Proxy(broker, settings.max_wait_ms, guard) if broker.config.clustered else None,
         security=guard,
     )
-    state.metrics.watch_security(guard.stats)
+    state.metrics.watch_security(guard)
     app.state.logbus = state
     probe = LoopLagProbe(state.metrics.loop_lag, settings.loop_lag_interval_ms / 1000)
     if settings.loop_lag_interval_ms > 0:

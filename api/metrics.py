@@ -18,7 +18,7 @@ from cluster.coordinator import Coordinator
 
 from .budgets import Budgets
 from .loop_lag import LagRecorder
-from .security import AuthStats
+from .security import Security
 
 MAX_GROUPS_EXPORTED = 1_000  # a scrape stays bounded whatever the number of groups
 LATENCY_BUCKETS_S = (
@@ -178,10 +178,22 @@ class _LimitsCollector(Collector):
 class _SecurityCollector(Collector):
     """Counters kept by api.security (plain dict increments on the request path)."""
 
-    def __init__(self, stats: AuthStats) -> None:
-        self.stats = stats
+    def __init__(self, security: Security) -> None:
+        self.security = security
+        self.stats = security.stats
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        watcher = self.security.watcher
+        yield GaugeMetricFamily(
+            "logbus_security_version",
+            "The security state (users, keys, ACLs) version this broker enforces",
+            value=self.security.version,
+        )
+        yield CounterMetricFamily(
+            "logbus_security_polls",
+            "Reads of the security version (every 250 ms): changes apply within one or two",
+            value=watcher.polls if watcher is not None else 0,
+        )
         failures = CounterMetricFamily(
             "logbus_authentication_failures",
             "Requests refused 401, by reason (missing, malformed, invalid, expired)",
@@ -276,9 +288,9 @@ class Metrics:
             with contextlib.suppress(KeyError):
                 metric.remove(topic)
 
-    def watch_security(self, stats: AuthStats) -> None:
+    def watch_security(self, security: Security) -> None:
         """Authentication failures by reason and authorization denials by resource type."""
-        self.registry.register(_SecurityCollector(stats))
+        self.registry.register(_SecurityCollector(security))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
