@@ -189,6 +189,11 @@ class _SecurityCollector(Collector):
             "The security state (users, keys, ACLs) version this broker enforces",
             value=self.security.version,
         )
+        yield GaugeMetricFamily(
+            "logbus_security_applied_poll",
+            "logbus_security_polls when the current security version was applied",
+            value=self.security.applied_at_poll,
+        )
         yield CounterMetricFamily(
             "logbus_security_polls",
             "Reads of the security version (every 250 ms): changes apply within one or two",

@@ -172,6 +172,7 @@ class Security:
         self.signer: ScopedTokenSigner | None = None
         self.credential = ClusterCredential() if self.enabled else None
         self.version = -1
+        self.applied_at_poll = 0
         self.jwt: JwtValidator | None = None
         if settings.jwt_jwks_file is not None:
             assert settings.jwt_issuer is not None and settings.jwt_audience is not None
@@ -266,6 +267,9 @@ class Security:
             if self.credential is not None:
                 self.credential.set_secrets(snapshot.secrets)
         self.version = snapshot.version
+        # The watcher's poll count when this state was applied (tests bound propagation in
+        # polls: exact, however late a loaded machine runs the watcher or the test's probe).
+        self.applied_at_poll = self.watcher.polls if self.watcher is not None else 0
         for listener in list(self.listeners):
             try:
                 listener()

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Query, Request, Response
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Body, Path, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from auth_quotas.acl import (
     Operation,
@@ -38,6 +38,7 @@ from cluster.security_store import DEFAULT_ENTITY, AclFilter, UnknownUserError
 from core_log.errors import ErrorCode, LogbusError
 
 from ..access import identity_of, require
+from ..params import NameStr
 from ..problems import bad_request
 from ..security import Security, acl_row
 from ..state import SecurityDep
@@ -46,7 +47,8 @@ from .common import errors
 router = APIRouter(tags=["security"])
 
 # User names: what fits a principal, a Basic login (no ':') and a URL path segment.
-USER_NAME = re.compile(r"[A-Za-z0-9._@+-]{1,200}")
+USER_PATTERN = "^[A-Za-z0-9._@+-]{1,200}$"
+USER_NAME = re.compile(USER_PATTERN[1:-1])
 KEY_ID = re.compile(r"[0-9a-f]{16}")
 MAX_ACLS_PER_REQUEST = 1000  # one request's ACLs are one store transaction
 MAX_DESCRIPTION_CHARS = 1024
@@ -65,7 +67,7 @@ def check_user_name(name: str) -> str:
 
 
 class UserCreate(BaseModel):
-    name: str = Field(description="1..200 of [A-Za-z0-9._@+-]", max_length=200)
+    name: str = Field(description="1..200 of [A-Za-z0-9._@+-]", pattern=USER_PATTERN)
     description: str = Field("", max_length=MAX_DESCRIPTION_CHARS, description="of the first key")
 
 
@@ -105,6 +107,29 @@ class KeyList(BaseModel):
     keys: list[KeyPublic]
 
 
+class AclIn(BaseModel):
+    """One ACL (``auth_quotas.acl.parse_acl`` checks what a schema cannot: a cluster ACL
+    names ``kafka-cluster``, ``*`` only with ``literal``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    principal: str = Field(pattern="^User:[^:\\x00-\\x1f\\x7f]{1,250}$", examples=["User:alice"])
+    resource_type: Literal["topic", "group", "cluster", "transactional_id"]
+    name: str = Field(min_length=1, max_length=249, examples=["orders"])
+    pattern: Literal["literal", "prefixed", "prefix"] = "literal"
+    operation: Literal[
+        "read",
+        "write",
+        "create",
+        "delete",
+        "alter",
+        "describe",
+        "describe_configs",
+        "alter_configs",
+        "all",
+    ]
+    permission: Literal["allow", "deny"] = "allow"
+
+
 class AclPublic(BaseModel):
     principal: str
     resource_type: str
@@ -128,7 +153,7 @@ class AclsRemoved(BaseModel):
 
 
 class TokenRequest(BaseModel):
-    topics: list[str] = Field(min_length=1, max_length=MAX_SCOPED_TOKEN_TOPICS)
+    topics: list[NameStr] = Field(min_length=1, max_length=MAX_SCOPED_TOKEN_TOPICS)
     ttl_minutes: int | None = Field(None, ge=1, le=60, description="default: the broker's")
 
 
@@ -189,7 +214,7 @@ async def list_users(security: SecurityDep) -> UserList:
     summary="Delete a user and revoke its keys (its ACLs stay, as in Kafka)",
     responses=errors(400, 403, 404),
 )
-async def delete_user(user: str, security: SecurityDep) -> Response:
+async def delete_user(user: UserPath, security: SecurityDep) -> Response:
     check_user_name(user)
     if not await asyncio.to_thread(_store(security).delete_user, user):
         raise UnknownUserError(f"unknown user {user!r}", user=user)
@@ -204,7 +229,7 @@ async def delete_user(user: str, security: SecurityDep) -> Response:
     responses=errors(400, 403, 404),
 )
 async def create_key(
-    user: str, security: SecurityDep, body: Annotated[KeyCreate | None, Body()] = None
+    user: UserPath, security: SecurityDep, body: Annotated[KeyCreate | None, Body()] = None
 ) -> KeyCreated:
     check_user_name(user)
     new = generate_api_key()
@@ -222,7 +247,7 @@ async def create_key(
     summary="A user's API keys: ids, descriptions, creation times (never the keys or hashes)",
     responses=errors(400, 403, 404),
 )
-async def list_keys(user: str, security: SecurityDep) -> KeyList:
+async def list_keys(user: UserPath, security: SecurityDep) -> KeyList:
     check_user_name(user)
     rows = await asyncio.to_thread(_store(security).keys, user)
     return KeyList(
@@ -240,7 +265,7 @@ async def list_keys(user: str, security: SecurityDep) -> KeyList:
     summary="Revoke an API key (in force on every broker within a second)",
     responses=errors(400, 403, 404),
 )
-async def revoke_key(user: str, key_id: str, security: SecurityDep) -> Response:
+async def revoke_key(user: UserPath, key_id: KeyIdPath, security: SecurityDep) -> Response:
     check_user_name(user)
     if not KEY_ID.fullmatch(key_id):
         raise bad_request(f"key id {key_id[:64]!r}: 16 hex characters")
@@ -273,17 +298,15 @@ _ACL_EXAMPLE = {
 async def add_acls(
     security: SecurityDep,
     body: Annotated[
-        dict[str, Any] | list[dict[str, Any]],
+        AclIn | Annotated[list[AclIn], Field(min_length=1, max_length=MAX_ACLS_PER_REQUEST)],
         Body(openapi_examples={"one": {"value": _ACL_EXAMPLE}}),
     ],
 ) -> AclsAdded:
     items = body if isinstance(body, list) else [body]
-    if not 1 <= len(items) <= MAX_ACLS_PER_REQUEST:
-        raise bad_request(f"1..{MAX_ACLS_PER_REQUEST} ACLs per request")
     acls = []
     for i, item in enumerate(items):
         try:
-            acls.append(parse_acl(item))
+            acls.append(parse_acl(item.model_dump()))
         except InvalidAclError as e:
             raise bad_request(f"ACL {i}: {e.message}" if len(items) > 1 else e.message) from None
     rows = [acl_row(a) for a in acls]
@@ -328,7 +351,18 @@ def _filter(
     )
 
 
-Q = Annotated[str | None, Query(max_length=255)]
+def _choices(kind: type[Any], *extra: str) -> str:
+    return "^(" + "|".join([m.value for m in kind] + list(extra)) + ")$"
+
+
+PrincipalQ = Annotated[str | None, Query(pattern="^User:[^\\x00-\\x1f\\x7f]+$", max_length=255)]
+NameQ = Annotated[str | None, Query(min_length=1, max_length=249)]
+TypeQ = Annotated[str | None, Query(pattern=_choices(ResourceType))]
+PatternQ = Annotated[str | None, Query(pattern=_choices(PatternType, "prefix"))]
+OperationQ = Annotated[str | None, Query(pattern=_choices(Operation))]
+PermissionQ = Annotated[str | None, Query(pattern=_choices(Permission))]
+UserPath = Annotated[str, Path(pattern=USER_PATTERN)]
+KeyIdPath = Annotated[str, Path(pattern="^[0-9a-f]{16}$")]
 
 
 @router.get(
@@ -336,12 +370,12 @@ Q = Annotated[str | None, Query(max_length=255)]
 )
 async def list_acls(
     security: SecurityDep,
-    principal: Q = None,
-    resource_type: Q = None,
-    name: Q = None,
-    pattern: Q = None,
-    operation: Q = None,
-    permission: Q = None,
+    principal: PrincipalQ = None,
+    resource_type: TypeQ = None,
+    name: NameQ = None,
+    pattern: PatternQ = None,
+    operation: OperationQ = None,
+    permission: PermissionQ = None,
 ) -> AclList:
     where = _filter(principal, resource_type, name, pattern, operation, permission)
     rows = await asyncio.to_thread(_store(security).acls)
@@ -357,12 +391,12 @@ async def list_acls(
 )
 async def remove_acls(
     security: SecurityDep,
-    principal: Q = None,
-    resource_type: Q = None,
-    name: Q = None,
-    pattern: Q = None,
-    operation: Q = None,
-    permission: Q = None,
+    principal: PrincipalQ = None,
+    resource_type: TypeQ = None,
+    name: NameQ = None,
+    pattern: PatternQ = None,
+    operation: OperationQ = None,
+    permission: PermissionQ = None,
 ) -> AclsRemoved:
     where = _filter(principal, resource_type, name, pattern, operation, permission)
     if all(v is None for v in (principal, resource_type, name, pattern, operation, permission)):

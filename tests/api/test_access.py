@@ -514,3 +514,56 @@ def test_auth_off_is_anonymous_and_admin_routes_work(tmp_path: Path) -> None:
         r = c.post("/v1/users", json={"name": "carol"})
         assert r.status_code == 201 and r.json()["key"].startswith("lbk.")
         assert [u["name"] for u in c.get("/v1/users").json()["users"]] == ["carol"]
+
+
+def test_jwt_bearer(tmp_path: Path) -> None:
+    """JWTs from a configured issuer: the subject is the principal; expired, forged,
+    wrong-audience, unsigned and oversized ones are 401."""
+    import time
+
+    import jwt
+    import orjson
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from jwt.algorithms import RSAAlgorithm
+
+    issuer, audience = "https://idp.example", "logbus"
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = RSAAlgorithm.to_jwk(key.public_key(), as_dict=True)
+    jwks = tmp_path / "jwks.json"
+    jwks.write_bytes(orjson.dumps({"keys": [{**public, "kid": "k1", "alg": "RS256"}]}))
+    admin_key = generate_api_key().token
+    fast = _app(
+        tmp_path / "data",
+        auth=True,
+        bootstrap_key=admin_key,
+        jwt_issuer=issuer,
+        jwt_audience=audience,
+        jwt_jwks_file=jwks,
+    )
+    now = int(time.time())
+
+    def token(signer: Any = key, **over: Any) -> str:
+        claims = {"sub": "carol", "iss": issuer, "aud": audience, "exp": now + 300, **over}
+        return jwt.encode(claims, signer, algorithm="RS256", headers={"kid": "k1"})
+
+    with TestClient(fast, base_url=BASE) as c:
+        r = c.get("/v1/whoami", headers=_bearer(token()))
+        assert r.status_code == 200 and r.json()["principal"] == "User:carol"
+        assert r.json()["method"] == "jwt"
+        refused = {
+            "expired": token(exp=now - 3600),
+            "forged": token(other),
+            "wrong audience": token(aud="someone-else"),
+            "wrong issuer": token(iss="https://evil.example"),
+            "unsigned": jwt.encode({"sub": "carol"}, None, algorithm="none"),
+            "oversized": token(pad="x" * 9000),
+        }
+        for what, value in refused.items():
+            r = c.get("/v1/whoami", headers=_bearer(value))
+            assert r.status_code == 401, (what, r.text)
+            assert r.headers["www-authenticate"].startswith("Bearer realm=")
+        r = c.get("/v1/whoami", headers=_bearer(token(exp=now - 3600)))
+        assert r.json()["reason"] == "expired"
+        r = c.get("/v1/users", headers=_bearer(token()))
+        assert r.status_code == 403  # authenticated, but carol has no ACL

@@ -2,9 +2,12 @@
 the cluster credential, revocation and ACL changes on every broker within a second.
 
 Propagation is bounded in polls of each broker's security watcher (``logbus_security_polls``
-in /metrics, one every 250 ms on an idle broker): a change must be in force within 4 polls
-after its commit. That is the issue's second on a machine that keeps time, and it does not
-fail because a loaded machine runs the watcher late. Wall time is printed, not asserted.
+in /metrics, one every 250 ms on an idle broker): a change must be applied (the poll count
+then is ``logbus_security_applied_poll``) within 2 polls of the count read once the change
+was committed, and be in force from then on (a revoked key still cached would keep passing
+for minutes). Two polls are half the issue's second on a machine that keeps time, and the
+bound does not fail because a loaded machine runs the watcher late. Wall time is printed,
+not asserted.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from cluster.h2transport import H2Client
 from cluster.metadata import MetadataStore
 from tests.cluster.test_cluster_processes import CLUSTER_ENV, eventually
 
-MAX_POLLS = 4  # 4 x 250 ms: the issue's one second, counted in the watcher's own ticks
+# A change is applied by the first poll that starts after its commit: the second poll after a
+# count read once the change was committed, at the latest (2 x 250 ms, inside the second).
+MAX_POLLS = 2
 
 
 @pytest.fixture
@@ -59,9 +64,9 @@ def _h(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def _polls(base: str, admin: str) -> int:
+def _polls(base: str, admin: str, metric: str = "logbus_security_polls_total") -> int:
     text = httpx.get(f"{base}/metrics", headers=_h(admin), timeout=10).text
-    m = re.search(r"^logbus_security_polls_total (\S+)$", text, re.M)
+    m = re.search(rf"^{metric} (\S+)$", text, re.M)
     assert m is not None, text[:500]
     return int(float(m[1]))
 
@@ -69,20 +74,21 @@ def _polls(base: str, admin: str) -> int:
 def _in_force_within_polls(
     brokers: dict[int, BrokerProcess], admin: str, change: Any, probe: Any, what: str
 ) -> None:
-    """Make ``change`` (on broker 1) and probe every broker in turn until ``probe(url)`` holds
-    on each; assert each got there within MAX_POLLS of its watcher after the change."""
-    before = {i: _polls(b.url, admin) for i, b in brokers.items()}
+    """Make ``change`` (on broker 1), read each broker's poll count once the change is
+    committed, and probe every broker in turn until ``probe(url)`` holds on each: each must
+    have applied the change within MAX_POLLS polls of that count (a poll under way at the
+    commit may still read the old version: the next one cannot)."""
     started = time.monotonic()
     change()
+    after_commit = {i: _polls(b.url, admin) for i, b in brokers.items()}
     seen: dict[int, int] = {}
 
     def round_() -> bool | None:
         for i, b in brokers.items():
             if i not in seen and probe(b.url):
-                seen[i] = _polls(b.url, admin) - before[i]
-                print(
-                    f"{what}: broker {i} after {seen[i]} polls, {time.monotonic() - started:.2f} s"
-                )
+                seen[i] = _polls(b.url, admin, "logbus_security_applied_poll") - after_commit[i]
+                took = time.monotonic() - started
+                print(f"{what}: broker {i} applied {seen[i]:+d} polls after, seen in {took:.2f} s")
         return len(seen) == len(brokers) or None
 
     eventually(round_, f"{what} on every broker")
