@@ -556,7 +556,7 @@ def test_jwt_bearer(tmp_path: Path) -> None:
             "forged": token(other),
             "wrong audience": token(aud="someone-else"),
             "wrong issuer": token(iss="https://evil.example"),
-            "unsigned": jwt.encode({"sub": "carol"}, None, algorithm="none"),
+            "unsigned": jwt.encode({"sub": "carol"}, "", algorithm="none"),
             "oversized": token(pad="x" * 9000),
         }
         for what, value in refused.items():
