@@ -167,7 +167,7 @@ TABLE: Final[dict[tuple[str, str], Rule]] = {
     ("GET", M + "/records"): group(Op.READ),
     ("POST", G + "/offsets"): group(Op.READ, "READ on every topic committed"),
     ("GET", G + "/offsets"): group(Op.DESCRIBE),
-    ("POST", G + "/offsets/reset"): group(Op.READ),
+    ("POST", G + "/offsets/reset"): group(Op.READ, "READ on every topic reset"),
     ("GET", "/v1/groups"): authenticated("lists only groups the principal may describe"),
     ("GET", G): group(Op.DESCRIBE),
     ("DELETE", G): group(Op.DELETE),

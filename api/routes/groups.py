@@ -223,10 +223,14 @@ async def get_offsets(group: str, coordinator: CoordinatorDep) -> GroupOffsets:
     summary="Reset an empty group's offsets to earliest, latest, a timestamp or given offsets",
     responses=errors(400, 404, 409, 416),
 )
-async def reset_offsets(group: str, body: OffsetReset, state: StateDep) -> GroupOffsets:
+async def reset_offsets(
+    group: str, body: OffsetReset, state: StateDep, request: Request
+) -> GroupOffsets:
     coordinator = state.coordinator
     validate_group_id(group)  # a bad name is 400 before any offset is looked at
     targets = await _reset_targets(state, group, body)
+    for topic in sorted({t for t, _ in targets}):  # Kafka's AlterConsumerGroupOffsets
+        require(state.security, request.scope, Operation.READ, Resource(ResourceType.TOPIC, topic))
     await coordinator.reset(group, targets)
     return _offsets(coordinator, group, set(targets))
 

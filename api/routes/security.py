@@ -66,22 +66,62 @@ def check_user_name(name: str) -> str:
     return name
 
 
+_ACL_EXAMPLE: dict[str, Any] = {
+    "principal": "User:alice",
+    "resource_type": "topic",
+    "name": "orders",
+    "pattern": "literal",
+    "operation": "write",
+    "permission": "allow",
+}
+
+
 class UserCreate(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"name": "alice", "description": "billing service"}]}
+    )
+
     name: str = Field(description="1..200 of [A-Za-z0-9._@+-]", pattern=USER_PATTERN)
     description: str = Field("", max_length=MAX_DESCRIPTION_CHARS, description="of the first key")
 
 
 class KeyCreate(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"description": "laptop"}]})
+
     description: str = Field("", max_length=MAX_DESCRIPTION_CHARS)
 
 
 class UserCreated(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "alice",
+                    "key": "lbk.9d2f4c1a0b3e5d7f.Qm9vTmV2ZXJTaG93bkFnYWluQnV0SGVyZUl0SXNPaw",
+                    "key_id": "9d2f4c1a0b3e5d7f",
+                }
+            ]
+        }
+    )
+
     name: str
     key: str = Field(description="the API key: shown once, never again")
     key_id: str
 
 
 class KeyCreated(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "user": "alice",
+                    "key": "lbk.0a1b2c3d4e5f6a7b.Qm9vTmV2ZXJTaG93bkFnYWluQnV0SGVyZUl0SXNPaw",
+                    "key_id": "0a1b2c3d4e5f6a7b",
+                }
+            ]
+        }
+    )
+
     user: str
     key: str = Field(description="the API key: shown once, never again")
     key_id: str
@@ -93,6 +133,12 @@ class UserPublic(BaseModel):
 
 
 class UserList(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"users": [{"name": "alice", "created_ms": 1700000000000}]}]
+        }
+    )
+
     users: list[UserPublic]
 
 
@@ -103,6 +149,23 @@ class KeyPublic(BaseModel):
 
 
 class KeyList(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "user": "alice",
+                    "keys": [
+                        {
+                            "key_id": "9d2f4c1a0b3e5d7f",
+                            "description": "",
+                            "created_ms": 1700000000000,
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
     user: str
     keys: list[KeyPublic]
 
@@ -111,7 +174,7 @@ class AclIn(BaseModel):
     """One ACL (``auth_quotas.acl.parse_acl`` checks what a schema cannot: a cluster ACL
     names ``kafka-cluster``, ``*`` only with ``literal``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_ACL_EXAMPLE]})
     principal: str = Field(pattern="^User:[^:\\x00-\\x1f\\x7f]{1,250}$", examples=["User:alice"])
     resource_type: Literal["topic", "group", "cluster", "transactional_id"]
     name: str = Field(min_length=1, max_length=249, examples=["orders"])
@@ -140,24 +203,49 @@ class AclPublic(BaseModel):
 
 
 class AclList(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"acls": [_ACL_EXAMPLE]}]})
+
     acls: list[AclPublic]
 
 
 class AclsAdded(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"added": 1, "acls": [_ACL_EXAMPLE]}]}
+    )
+
     added: int = Field(description="how many were new (adding an existing ACL changes nothing)")
     acls: list[AclPublic]
 
 
 class AclsRemoved(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"removed": [_ACL_EXAMPLE]}]})
+
     removed: list[AclPublic]
 
 
 class TokenRequest(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"topics": ["orders"], "ttl_minutes": 10}]}
+    )
+
     topics: list[NameStr] = Field(min_length=1, max_length=MAX_SCOPED_TOKEN_TOPICS)
     ttl_minutes: int | None = Field(None, ge=1, le=60, description="default: the broker's")
 
 
 class TokenPublic(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "token": "lbt.eyJ2IjoxfQ.c2ln",
+                    "user": "alice",
+                    "topics": ["orders"],
+                    "expires_ms": 1700000600000,
+                }
+            ]
+        }
+    )
+
     token: str = Field(description="for ?token= of an SSE or WebSocket URL (or as a Bearer)")
     user: str
     topics: list[str]
@@ -165,6 +253,12 @@ class TokenPublic(BaseModel):
 
 
 class WhoAmI(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"principal": "User:alice", "method": "api_key", "authenticated": True}]
+        }
+    )
+
     principal: str
     method: str
     authenticated: bool
@@ -229,7 +323,9 @@ async def delete_user(user: UserPath, security: SecurityDep) -> Response:
     responses=errors(400, 403, 404),
 )
 async def create_key(
-    user: UserPath, security: SecurityDep, body: Annotated[KeyCreate | None, Body()] = None
+    user: UserPath,
+    security: SecurityDep,
+    body: Annotated[KeyCreate | None, Body(examples=[{"description": "laptop"}])] = None,
 ) -> KeyCreated:
     check_user_name(user)
     new = generate_api_key()
@@ -279,15 +375,6 @@ async def revoke_key(user: UserPath, key_id: KeyIdPath, security: SecurityDep) -
 
 # -- ACLs --------------------------------------------------------------------------------------
 
-_ACL_EXAMPLE = {
-    "principal": "User:alice",
-    "resource_type": "topic",
-    "name": "orders",
-    "pattern": "literal",
-    "operation": "write",
-    "permission": "allow",
-}
-
 
 @router.post(
     "/v1/acls",
@@ -299,7 +386,7 @@ async def add_acls(
     security: SecurityDep,
     body: Annotated[
         AclIn | Annotated[list[AclIn], Field(min_length=1, max_length=MAX_ACLS_PER_REQUEST)],
-        Body(openapi_examples={"one": {"value": _ACL_EXAMPLE}}),
+        Body(examples=[_ACL_EXAMPLE]),
     ],
 ) -> AclsAdded:
     items = body if isinstance(body, list) else [body]
