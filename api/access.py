@@ -219,8 +219,24 @@ def _compile() -> dict[tuple[str, int], list[_Entry]]:
 _INDEX = _compile()
 
 
+_MATCHED: dict[tuple[str, str], tuple[Rule, dict[str, str]]] = {}
+MATCH_CACHE_ENTRIES = 4096  # distinct (method, path) remembered; clients repeat theirs
+
+
 def match(method: str, path: str) -> tuple[Rule, dict[str, str]]:
-    """The rule of a request and its path parameters (:data:`UNMATCHED` if none)."""
+    """The rule of a request and its path parameters (:data:`UNMATCHED` if none); a
+    remembered answer for a path seen before (the returned dict must not be changed)."""
+    key = (method, path)
+    hit = _MATCHED.get(key)
+    if hit is None:
+        hit = _match(method, path)
+        if len(_MATCHED) >= MATCH_CACHE_ENTRIES:
+            _MATCHED.clear()
+        _MATCHED[key] = hit
+    return hit
+
+
+def _match(method: str, path: str) -> tuple[Rule, dict[str, str]]:
     if path.startswith(PUBLIC_PREFIXES):
         return PUBLIC, {}
     if method == "HEAD":
