@@ -112,8 +112,8 @@ def _entries(rows: list[QuotaRow]) -> list[QuotaEntry]:
 
 async def _reload(state: AppState) -> int:
     """Apply the store's state here now (the watcher would within 250 ms)."""
-    if state.security_watcher is not None:
-        return (await state.security_watcher.refresh()).version
+    if state.security is not None and state.security.watcher is not None:
+        return (await state.security.watcher.refresh()).version
     snapshot = await asyncio.to_thread(state.broker.store.security.snapshot)
     state.quotas.apply_snapshot(snapshot)
     return snapshot.version
