@@ -13,10 +13,9 @@ from fastapi_offline import FastAPIOffline
 from cluster.broker import Broker, BrokerConfig
 from cluster.coordinator import Coordinator
 from cluster.replica_manager import FORWARD_HEADER_BYTES, ReplicationConfig
-from cluster.security_watcher import SecurityWatcher
 from core_log.datadir import DataDirLock
 
-from . import errors
+from . import access, errors
 from .budgets import Budgets
 from .fastpath import FastPath
 from .guard import BrowserPolicy
@@ -26,9 +25,10 @@ from .params import NAME_PATTERN, UINT_PATTERN
 from .problems import PROBLEM_JSON
 from .proxy import Proxy
 from .quota_state import QuotaState, quota_config
-from .routes import cluster, groups, producers, quotas, records, topics, ws
+from .routes import cluster, groups, producers, quotas, records, security, topics, ws
 from .routes.common import errors as errors_doc
 from .schemas import FetchResponse, Problem
+from .security import Security
 from .settings import Settings
 from .state import AppState
 
@@ -94,6 +94,7 @@ def create_fastapi(settings: Settings) -> FastAPI:
     app.include_router(ws.router)
     app.include_router(cluster.router)
     app.include_router(quotas.router)
+    app.include_router(security.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -115,6 +116,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     _document_names(schema)
     _document_limits(schema, app.state.settings)
     _document_route(schema)
+    _document_security(schema)
     components = schema.get("components", {}).get("schemas", {})
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
@@ -152,6 +154,34 @@ def _document_route(schema: dict[str, Any]) -> None:
                     "partition (or coordinate the group): the body names the one that does",
                     "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
                 },
+            )
+
+
+def _document_security(schema: dict[str, Any]) -> None:
+    """Bearer (API key, scoped token, JWT) and Basic (user + API key) for every route that
+    is not public (api.access.TABLE), so the docs UI's Authorize button fills them in."""
+    schema.setdefault("components", {})["securitySchemes"] = {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key (lbk.…), a scoped token (lbt.…) or a JWT",
+        },
+        "basic": {
+            "type": "http",
+            "scheme": "basic",
+            "description": "User name and API key, for tools that speak only Basic",
+        },
+    }
+    unauthorized = errors_doc(401)[401]
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            rule, _ = access.match(method.upper(), path)
+            if rule.kind is access.Kind.PUBLIC:
+                op["security"] = []
+                continue
+            op["security"] = [{"bearer": []}, {"basic": []}]
+            op.setdefault("responses", {}).setdefault(
+                "401", {k: v for k, v in unauthorized.items() if k != "model"}
             )
 
 
@@ -230,14 +260,8 @@ def _drop_null(param: dict[str, Any]) -> None:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     budgets: Budgets = getattr(app.state, "budgets", None) or Budgets.from_settings(settings)
-    broker = Broker(broker_config(settings), dir_lock=getattr(app.state, "dir_lock", None))
-    await broker.start()
-    coordinator = Coordinator(
-        broker,
-        offsets_partitions=settings.offsets_topic_partitions,
-        offsets_retention_ms=settings.offsets_retention_ms,
-    )
-    await coordinator.start()
+    hasher = getattr(app.state, "hasher_factory", None)  # tests pass a cheap argon2 cost
+    guard = Security(settings, **({"hasher_factory": hasher} if hasher else {}))
     quotas = QuotaState(
         quota_config(
             settings.quota_window_num,
@@ -246,20 +270,38 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         ),
         max_sensors=settings.quota_max_sensors,
     )
+    # Quotas come from the same snapshots as users and ACLs (one watcher: in force here
+    # within ~0.3 s of a change anywhere).
+    guard.snapshot_listeners.append(quotas.apply_snapshot)
+    broker = Broker(
+        broker_config(settings),
+        dir_lock=getattr(app.state, "dir_lock", None),
+        credential=guard.credential,
+    )
+    await broker.start()
+    assert broker.metadata is not None
+    try:
+        await guard.start(broker.metadata.security)
+    except BaseException:
+        await broker.close()
+        raise
+    coordinator = Coordinator(
+        broker,
+        offsets_partitions=settings.offsets_topic_partitions,
+        offsets_retention_ms=settings.offsets_retention_ms,
+    )
+    await coordinator.start()
     state = AppState(
         settings=settings,
         broker=broker,
         metrics=Metrics(broker, coordinator, budgets, quotas),
         coordinator=coordinator,
         budgets=budgets,
-        proxy=Proxy(broker, settings.max_wait_ms) if broker.config.clustered else None,
+        proxy=Proxy(broker, settings.max_wait_ms, guard) if broker.config.clustered else None,
         quotas=quotas,
+        security=guard,
     )
-    # Quotas come from the metadata store; every change is in force here within ~0.3 s.
-    watcher = SecurityWatcher(broker.store.security, quotas.apply_snapshot)
-    await watcher.refresh()
-    watcher.start()
-    state.security_watcher = watcher
+    state.metrics.watch_security(guard)
     app.state.logbus = state
     probe = LoopLagProbe(state.metrics.loop_lag, settings.loop_lag_interval_ms / 1000)
     if settings.loop_lag_interval_ms > 0:
@@ -267,16 +309,17 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     fast: FastPath | None = getattr(app.state, "fast_path", None)
     if fast is not None:
         fast.state = state
+        fast.access.security = guard
     try:
         yield
     finally:
         if fast is not None:
             fast.state = None
         probe.stop()
-        await watcher.stop()
         if state.proxy is not None:
             await state.proxy.close()
         await coordinator.close()
+        await guard.stop()
         await broker.close()
 
 

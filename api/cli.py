@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow binding a non-loopback address without authentication",
     )
     serve.add_argument(
+        "--auth",
+        action="store_true",
+        help="require credentials (API keys, Basic, JWT, scoped tokens) and enforce ACLs",
+    )
+    serve.add_argument(
         "--allowed-host",
         action="append",
         dest="allowed_hosts",
@@ -93,6 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
             "rack": args.rack,
             "advertised_url": args.advertised_url,
             "insecure": args.insecure or None,
+            "auth": args.auth or None,
             "fast_path": False if args.no_fast_path else None,
             "allowed_hosts": args.allowed_hosts,
             "allowed_origins": args.allowed_origins,

@@ -21,6 +21,7 @@ from cluster.forwarding import ROUTES, direct_route
 from core_log.errors import ErrorCode, LogbusError
 
 from . import guard, quota_gate, records, streams
+from .access import Access
 from .budgets import RETRY_AFTER_S, BodyGuard, Budgets, ByteBudget, budget_exhausted
 from .guard import BrowserPolicy
 from .params import PARTITION_MAX
@@ -69,6 +70,7 @@ class FastPath:
         self.budgets = budgets
         self.policy = policy
         self.state: AppState | None = None  # set by the app's lifespan
+        self.access = Access(settings.auth)  # its security is set by the app's lifespan
         self._guarded = BodyGuard(self._route, budgets.body, settings.max_request_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -79,6 +81,10 @@ class FastPath:
                 return
             if verdict.headers:
                 send = guard.with_headers(send, verdict.headers)
+        if scope["type"] in ("http", "websocket") and not await self.access.check(
+            scope, receive, send
+        ):
+            return
         route = _route_header(scope)
         if route not in ROUTES:
             await guard.refuse(scope, send, guard.Verdict(400, _bad_route(route)))

@@ -26,6 +26,7 @@ each answer at most ``limit`` groups (``MAX_GROUPS_LISTED``); the whole listing 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +78,9 @@ def local_list(coordinator: Coordinator, limit: int) -> GroupList:
     return GroupList(groups=out, offsets_partitions=listed, unavailable=gaps)
 
 
-async def cluster_list(state: AppState, limit: int) -> GroupList:
+async def cluster_list(
+    state: AppState, limit: int, scope: Mapping[str, Any] | None = None
+) -> GroupList:
     """Every group of the cluster: this broker's own and every other coordinator's."""
     broker, proxy = state.broker, state.proxy
     replicas = broker.replicas
@@ -105,7 +108,9 @@ async def cluster_list(state: AppState, limit: int) -> GroupList:
                 detail=f"broker {broker_id}'s lease expired; a new coordinator is being elected",
             )
         try:
-            r = await proxy.ask(meta.base_url, "/v1/groups", {"limit": str(limit)}, LIST_TIMEOUT_S)
+            r = await proxy.ask(
+                meta.base_url, "/v1/groups", {"limit": str(limit)}, LIST_TIMEOUT_S, scope
+            )
         except httpx.TimeoutException:
             why = f"did not answer within {LIST_TIMEOUT_S:.0f} s"
             return Answer(broker_id, partitions, detail=f"broker {broker_id} {why}")

@@ -50,8 +50,8 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 CORS_METHODS = "GET, POST, PATCH, DELETE"
 CORS_HEADERS = (
-    "Content-Type, Accept, Idempotency-Key, Last-Event-ID, Logbus-Key, Logbus-Producer-Id, "
-    "Logbus-Producer-Epoch, Logbus-Sequence, Logbus-Route"
+    "Authorization, Content-Type, Accept, Idempotency-Key, Last-Event-ID, Logbus-Key, "
+    "Logbus-Producer-Id, Logbus-Producer-Epoch, Logbus-Sequence, Logbus-Route"
 )
 CORS_EXPOSE = (
     "Location, Retry-After, Logbus-Next-Offset, Logbus-High-Watermark, Logbus-Log-Start-Offset, "

@@ -19,6 +19,7 @@ from cluster.coordinator import Coordinator
 from .budgets import Budgets
 from .loop_lag import LagRecorder
 from .quota_state import METRICS_MAX_ENTITIES, QuotaState
+from .security import Security
 
 MAX_GROUPS_EXPORTED = 1_000  # a scrape stays bounded whatever the number of groups
 LATENCY_BUCKETS_S = (
@@ -208,6 +209,48 @@ class _QuotaCollector(Collector):
         )
 
 
+class _SecurityCollector(Collector):
+    """Counters kept by api.security (plain dict increments on the request path)."""
+
+    def __init__(self, security: Security) -> None:
+        self.security = security
+        self.stats = security.stats
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        watcher = self.security.watcher
+        yield GaugeMetricFamily(
+            "logbus_security_version",
+            "The security state (users, keys, ACLs) version this broker enforces",
+            value=self.security.version,
+        )
+        yield GaugeMetricFamily(
+            "logbus_security_applied_poll",
+            "logbus_security_polls when the current security version was applied",
+            value=self.security.applied_at_poll,
+        )
+        yield CounterMetricFamily(
+            "logbus_security_polls",
+            "Reads of the security version (every 250 ms): changes apply within one or two",
+            value=watcher.polls if watcher is not None else 0,
+        )
+        failures = CounterMetricFamily(
+            "logbus_authentication_failures",
+            "Requests refused 401, by reason (missing, malformed, invalid, expired)",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self.stats.failures.items()):
+            failures.add_metric([reason], n)
+        yield failures
+        denials = CounterMetricFamily(
+            "logbus_authorization_denials",
+            "Requests or messages refused by the ACLs, by resource type",
+            labels=["resource_type"],
+        )
+        for rtype, n in sorted(self.stats.denials.items()):
+            denials.add_metric([rtype], n)
+        yield denials
+
+
 class Metrics:
     def __init__(
         self,
@@ -289,6 +332,10 @@ class Metrics:
         for metric in (self.bytes_in, self.records_in, self.bytes_out, self.records_out):
             with contextlib.suppress(KeyError):
                 metric.remove(topic)
+
+    def watch_security(self, security: Security) -> None:
+        """Authentication failures by reason and authorization denials by resource type."""
+        self.registry.register(_SecurityCollector(security))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

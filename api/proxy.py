@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +35,12 @@ import orjson
 from starlette.types import Scope, Send
 
 from cluster.broker import Broker
+from cluster.interbroker import HEADER as CREDENTIAL_HEADER
 from core_log.errors import ErrorCode, LogbusError
 
 from . import guard
+from .access import identity_of
+from .security import PRINCIPAL_HEADER, Security
 
 _GROUP = re.compile(r"^/v1/groups/([^/]+)(?:/.*)?$")
 _MEMBER_SSE = re.compile(r"^/v1/groups/[^/]+/members/[^/]+/records/?$")
@@ -77,8 +81,9 @@ class Target:
 
 
 class Proxy:
-    def __init__(self, broker: Broker, max_wait_ms: int) -> None:
+    def __init__(self, broker: Broker, max_wait_ms: int, security: Security | None = None) -> None:
         self.broker = broker
+        self.security = security
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(
                 CONNECT_TIMEOUT_S, read=max_wait_ms / 1000 + READ_MARGIN_S, pool=CONNECT_TIMEOUT_S
@@ -115,16 +120,36 @@ class Proxy:
             return None
         return Target(broker_id, meta.base_url, role)
 
+    def inter_broker_headers(self, scope: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
+        """With authentication on: the cluster credential and the principal asking (the
+        target trusts the one only with the other; :mod:`api.access`)."""
+        credential = self.security.credential if self.security is not None else None
+        value = credential.value() if credential is not None else None
+        if value is None:
+            return []
+        return [
+            (CREDENTIAL_HEADER.encode(), value.encode()),
+            (PRINCIPAL_HEADER.encode(), identity_of(scope).principal.encode()),
+        ]
+
     async def ask(
-        self, base_url: str, path: str, params: dict[str, str], timeout_s: float
+        self,
+        base_url: str,
+        path: str,
+        params: dict[str, str],
+        timeout_s: float,
+        scope: Mapping[str, Any] | None = None,
     ) -> httpx.Response:
         """A GET answered by the broker at ``base_url`` itself (``Logbus-Route: direct``,
-        marked forwarded so it never travels on), within ``timeout_s`` in all; raises
-        :class:`httpx.HTTPError` (:class:`httpx.TimeoutException` when it ran out)."""
+        marked forwarded so it never travels on), within ``timeout_s`` in all, on behalf of
+        the principal of ``scope``; raises :class:`httpx.HTTPError`
+        (:class:`httpx.TimeoutException` when it ran out)."""
         headers = {
             FORWARDED_BY.decode(): str(self.broker.config.broker_id),
             "logbus-route": "direct",
         }
+        for k, v in self.inter_broker_headers(scope or {}):
+            headers[k.decode()] = v.decode()
         async with asyncio.timeout(timeout_s):
             try:
                 return await self.client.get(
@@ -137,10 +162,11 @@ class Proxy:
         if _MEMBER_SSE.match(scope["path"]) and scope["method"] == "GET" and _wants_sse(scope):
             await MemberStream(self, scope, send).run(target)
             return
-        query = scope.get("query_string", b"")
+        query = _without_token(scope.get("query_string", b""))
         url = target.url + scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
         headers = [(k, v) for k, v in scope["headers"] if k in _PASSED]
         headers.append((FORWARDED_BY, str(self.broker.config.broker_id).encode()))
+        headers.extend(self.inter_broker_headers(scope))
         request = self.client.build_request(scope["method"], url, headers=headers, content=body)
         try:
             response = await self.client.send(request, stream=True)
@@ -218,10 +244,11 @@ class MemberStream:
         if not target.url:
             return {"code": "COORDINATOR_NOT_AVAILABLE", "detail": "no coordinator now"}
         scope, client = self.scope, self.proxy.client
-        query = scope.get("query_string", b"")
+        query = _without_token(scope.get("query_string", b""))
         url = target.url + scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
         headers = [(k, v) for k, v in scope["headers"] if k in _PASSED]
         headers.append((FORWARDED_BY, str(self.proxy.broker.config.broker_id).encode()))
+        headers.extend(self.proxy.inter_broker_headers(scope))
         try:
             request = client.build_request("GET", url, headers=headers)
             response = await client.send(request, stream=True)
@@ -314,6 +341,14 @@ def _last_error(held: bytes) -> dict[str, Any] | None:
 def _wants_sse(scope: Scope) -> bool:
     accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
     return b"text/event-stream" in accept.lower()
+
+
+def _without_token(query: bytes) -> bytes:
+    """The query string without a scoped ``token``: this broker checked it, the target trusts
+    the cluster credential, and a URL with a token must not reach any HTTP client's log."""
+    if b"token=" not in query:
+        return query
+    return b"&".join(p for p in query.split(b"&") if not p.startswith(b"token="))
 
 
 def _forwarded(scope: Scope) -> bool:

@@ -30,10 +30,11 @@ if TYPE_CHECKING:
 
 def serve(settings: Settings) -> int:
     """Serve until SIGTERM/SIGINT; refuse a non-loopback bind without auth (exit 2)."""
-    if not settings.is_loopback and not settings.insecure:
+    if not settings.is_loopback and not settings.insecure and not settings.auth:
         print(
             f"refusing to bind {settings.host}: authentication is not configured. "
-            "Bind 127.0.0.1, or pass --insecure (LOGBUS_INSECURE=true) to accept the risk.",
+            "Bind 127.0.0.1, pass --auth (LOGBUS_AUTH=true), or pass --insecure "
+            "(LOGBUS_INSECURE=true) to accept the risk.",
             file=sys.stderr,
         )
         return 2

@@ -16,6 +16,8 @@ from .access_log import parse_rate
 
 # A list setting from the environment: comma-separated (or a JSON array).
 NameList = Annotated[list[str], NoDecode]
+# Kafka's super.users syntax: semicolon-separated principals (or a JSON array).
+SemicolonList = Annotated[list[str], NoDecode]
 
 
 class Settings(BaseSettings):
@@ -46,6 +48,22 @@ class Settings(BaseSettings):
     leader_imbalance_check_interval_seconds: int = 300
     request_timeout_ms: int = 30_000  # how long acks=all waits for the ISR (Kafka's timeout)
     insecure: bool = False  # allow a non-loopback bind without authentication
+    # -- authentication and authorization (docs/security.md; Kafka's names where they exist) --
+    # Off: every request is User:ANONYMOUS and allowed (a loopback broker on a desktop).
+    auth: bool = False
+    # The first admin's API key for automation (lbk.<16 hex>.<43 base64url>; `logbus keys`
+    # format). Used only when auth is on and the store has no user yet.
+    bootstrap_key: str | None = None
+    # Kafka's super.users: principals allowed everything, "User:a;User:b".
+    super_users: SemicolonList = []
+    # Kafka's allow.everyone.if.no.acl.found: a resource no ACL names is open to everyone.
+    allow_everyone_if_no_acl_found: bool = False
+    # Bearer JWTs from an identity provider: all three or none.
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_jwks_file: Path | None = None
+    # Scoped tokens (POST /v1/tokens): the lifetime when the request names none, and the most.
+    token_ttl_minutes: int = 5
     # Browsers (api/guard.py, docs/security.md): Host names besides the bound ones (loopback
     # names for a loopback bind; "*" = any), and origins of web pages allowed to call the
     # broker cross-origin, with CORS (none: same-origin only; "*" = any page).
@@ -119,6 +137,59 @@ class Settings(BaseSettings):
             raise ValueError("max_inflight_body_bytes must be >= max_request_bytes")
         if self.max_inflight_response_bytes < self.max_fetch_bytes:
             raise ValueError("max_inflight_response_bytes must be >= max_fetch_bytes")
+        return self
+
+    @field_validator("super_users", mode="before")
+    @classmethod
+    def _split_principals(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(";") if part.strip()]
+        return value
+
+    @field_validator("super_users")
+    @classmethod
+    def _principals(cls, value: list[str]) -> list[str]:
+        from auth_quotas.acl import validate_principal
+        from auth_quotas.errors import InvalidAclError
+
+        for principal in value:
+            try:
+                validate_principal(principal)
+            except InvalidAclError as e:
+                raise ValueError(f"super_users: {e.message}") from None
+        return value
+
+    @field_validator("bootstrap_key")
+    @classmethod
+    def _bootstrap_key(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        from auth_quotas.credentials import parse_api_key
+        from auth_quotas.errors import AuthenticationError
+
+        try:
+            parse_api_key(value.strip())
+        except AuthenticationError:
+            raise ValueError(
+                "bootstrap_key: expected an API key lbk.<16 hex>.<43 base64url>"
+            ) from None
+        return value.strip()
+
+    @field_validator("token_ttl_minutes")
+    @classmethod
+    def _token_ttl(cls, value: int) -> int:
+        if not 1 <= value <= 60:
+            raise ValueError("token_ttl_minutes: 1..60 (a scoped token lives minutes)")
+        return value
+
+    @model_validator(mode="after")
+    def _jwt_all_or_none(self) -> Settings:
+        given = [self.jwt_issuer, self.jwt_audience, self.jwt_jwks_file]
+        if any(v is not None for v in given) and not all(v is not None for v in given):
+            raise ValueError("jwt_issuer, jwt_audience and jwt_jwks_file go together")
         return self
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")

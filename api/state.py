@@ -9,13 +9,13 @@ from fastapi import Depends, Request
 
 from cluster.broker import Broker
 from cluster.coordinator import Coordinator
-from cluster.security_watcher import SecurityWatcher
 from core_log.errors import LogbusError
 
 from .budgets import Budgets
 from .metrics import Metrics
 from .proxy import Proxy
 from .quota_state import QuotaState
+from .security import Security
 from .settings import Settings
 
 
@@ -28,7 +28,7 @@ class AppState:
     budgets: Budgets
     proxy: Proxy | None = None  # in a cluster: group and admin calls other brokers answer
     quotas: QuotaState = field(default_factory=QuotaState)  # client quotas (api.quota_gate)
-    security_watcher: SecurityWatcher | None = None  # reloads quotas when the store changes
+    security: Security | None = None  # users, keys, ACLs, quotas' source (api.security)
 
     def partition_count(self, topic: str) -> int:
         """A topic's partition count as this broker knows it (0: unknown)."""
@@ -36,6 +36,12 @@ class AppState:
             return self.broker.topic(topic).partitions
         except LogbusError:
             return 0
+
+
+def get_security(request: Request) -> Security:
+    security = get_state(request).security
+    assert security is not None, "the app's lifespan sets it"
+    return security
 
 
 def get_state(request: Request) -> AppState:
@@ -56,3 +62,4 @@ def get_coordinator(request: Request) -> Coordinator:
 
 BrokerDep = Annotated[Broker, Depends(get_broker)]
 CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
+SecurityDep = Annotated[Security, Depends(get_security)]

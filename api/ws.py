@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from auth_quotas.acl import Operation, Resource, ResourceType
 from cluster.assignor import TopicPartition
 from cluster.broker import check_readable
 from cluster.coordinator import first_of
@@ -48,6 +49,7 @@ from core_log.recordjson import encode_json_upto, read_on_from
 
 from . import records
 from . import ws_protocol as proto
+from .access import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED, identity_of, require
 from .problems import problem_body
 from .rendering import encode_json_within
 from .state import AppState
@@ -95,16 +97,28 @@ class Session:
         self.blocked: set[TopicPartition] = set()  # stalled or failed: not waited on
         self._read_bytes: dict[TopicPartition, int] = {}
         self._cursor = 0
+        self.identity = identity_of(ws.scope)
+        self._killed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending_notes: list[
             tuple[int, frozenset[TopicPartition], frozenset[TopicPartition]]
         ] = []
 
     async def run(self) -> None:
         await self.ws.accept()
+        loop = asyncio.get_running_loop()
+        security = self.state.security
+        expiry: asyncio.TimerHandle | None = None
+        if security is not None and security.enabled:
+            security.listeners.add(self._recheck)
+            if self.identity.expires_ms is not None:
+                delay_s = max(0.0, (self.identity.expires_ms - security.now_ms()) / 1000)
+                expiry = loop.call_later(delay_s, self.kill, CLOSE_UNAUTHENTICATED, "expired")
         pusher = asyncio.create_task(self._push_loop(), name="ws-push")
         reader = asyncio.create_task(self._read_loop(), name="ws-read")
         try:
-            done, _ = await asyncio.wait({pusher, reader}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {pusher, reader, self._killed}, return_when=asyncio.FIRST_COMPLETED
+            )
             for task in done:
                 exc = task.exception()
                 if isinstance(exc, Close):
@@ -115,10 +129,55 @@ class Session:
                     with contextlib.suppress(Exception):
                         await self.ws.close(1011, "internal error")
         finally:
+            if security is not None:
+                security.listeners.discard(self._recheck)
+            if expiry is not None:
+                expiry.cancel()
+            self._killed.cancel()
             for task in (pusher, reader):
                 task.cancel()
             await asyncio.gather(pusher, reader, return_exceptions=True)
             self._leave()
+
+    # -- authorization ---------------------------------------------------------------------------
+
+    def kill(self, code: int, reason: str) -> None:
+        """Close the socket from outside its tasks (a revoked key, an expired token)."""
+        if not self._killed.done():
+            self._killed.set_exception(Close(code, reason))
+
+    def _recheck(self) -> None:
+        """After every security change: the credential still holds, and every subscribed
+        topic and the group are still readable (Kafka checks each fetch)."""
+        security = self.state.security
+        if security is None:
+            return
+        if not security.still_valid(self.identity):
+            self.kill(CLOSE_UNAUTHENTICATED, "credential revoked or expired")
+            return
+        topics = {t for t, _ in self.positions}
+        if self.link is not None:
+            topics.update(self.link.params.topics)
+            group = Resource(ResourceType.GROUP, self.link.group)
+            if not security.allowed(self.identity, Operation.READ, group):
+                self.kill(CLOSE_FORBIDDEN, f"not authorized to read group {self.link.group!r}")
+                return
+        for topic in sorted(topics):
+            if not security.allowed(
+                self.identity, Operation.READ, Resource(ResourceType.TOPIC, topic)
+            ):
+                self.kill(CLOSE_FORBIDDEN, f"not authorized to read topic {topic!r}")
+                return
+
+    def _require(self, op: Operation, resource: Resource, close: bool) -> None:
+        """Raise when denied: a :class:`Close` (4403) for a subscription, else the 403 error
+        (answered as an ``error`` message; the socket stays open)."""
+        try:
+            require(self.state.security, self.ws.scope, op, resource)
+        except LogbusError as e:
+            if close:
+                raise Close(CLOSE_FORBIDDEN, e.message) from None
+            raise
 
     def _leave(self) -> None:
         if self.link is not None:
@@ -189,6 +248,8 @@ class Session:
         if self.link is not None:
             raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "this socket is a group member already")
         wanted: dict[TopicPartition, int] = {}
+        for name in sorted({spec.topic for spec in msg.partitions} | set(msg.topics)):
+            self._require(Operation.READ, Resource(ResourceType.TOPIC, name), close=True)
         try:
             for spec in msg.partitions:
                 wanted[(spec.topic, spec.partition)] = await self._start(
@@ -243,7 +304,11 @@ class Session:
     async def _join(self, msg: proto.Join) -> None:
         if self.link is not None or self.positions:
             raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "this socket is subscribed already")
+        self._require(Operation.READ, Resource(ResourceType.GROUP, msg.group), close=True)
+        for name in sorted(set(msg.topics)):
+            self._require(Operation.READ, Resource(ResourceType.TOPIC, name), close=True)
         link = GroupLink(self.state, msg, self.changed.set)
+        link.scope = self.ws.scope
         try:
             await link.join()
         except LogbusError as e:
@@ -266,12 +331,19 @@ class Session:
 
     async def _commit(self, msg: proto.Commit) -> None:
         offsets = {(o.topic, o.partition): (o.offset, o.metadata) for o in msg.offsets}
+        group = self.link.group if self.link is not None else msg.group
+        if group is not None:
+            self._require(Operation.READ, Resource(ResourceType.GROUP, group), close=False)
+        for name in sorted({o.topic for o in msg.offsets}):
+            self._require(Operation.READ, Resource(ResourceType.TOPIC, name), close=False)
         if self.link is not None:
             await self.link.commit(offsets)
             self.blocked.difference_update(offsets)  # e.g. past an unreadable record
             self.changed.set()
         elif msg.group is not None:
-            await GroupLink.standalone(self.state, msg.group).commit(offsets)
+            link = GroupLink.standalone(self.state, msg.group)
+            link.scope = self.ws.scope
+            await link.commit(offsets)
         else:
             raise LogbusError(
                 "commit needs a group: join one, or name it", code=ErrorCode.INVALID_REQUEST
@@ -279,6 +351,8 @@ class Session:
         await self.send({"type": "committed", "id": msg.id, "count": len(offsets)})
 
     async def _produce(self, msg: proto.Produce) -> None:
+        self._require(Operation.WRITE, Resource(ResourceType.TOPIC, msg.topic), close=False)
+
         async def body() -> Any:
             yield b'{"records":' + bytes(msg.records) + b"}"
 

@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -102,6 +102,8 @@ class GroupLink:
         self.coordinator = state.coordinator
         self.params = join
         self.group = join.group
+        # The socket's scope: its principal goes with calls to a remote coordinator.
+        self.scope: Mapping[str, Any] = {}
         self.session_timeout_ms = max(join.session_timeout_ms, 100)
         self.on_change = on_change
         self.clock = clock
@@ -159,7 +161,10 @@ class GroupLink:
             r = await proxy.client.request(
                 method,
                 url + f"/v1/groups/{quote(self.group, safe='')}" + path,
-                headers={"logbus-route": "direct"},
+                headers={
+                    "logbus-route": "direct",
+                    **{k.decode(): v.decode() for k, v in proxy.inter_broker_headers(self.scope)},
+                },
                 timeout=CALL_TIMEOUT_S,
                 **kw,
             )

@@ -64,6 +64,7 @@ from .forwarding import (
     direct_route,
     synced,
 )
+from .interbroker import ClusterCredential
 from .metadata import (
     BrokerMeta,
     ConcurrentUpdateError,
@@ -178,9 +179,13 @@ class Broker:
         *,
         clock: Clock | None = None,
         dir_lock: DataDirLock | None = None,
+        credential: ClusterCredential | None = None,
     ) -> None:
-        """``dir_lock``: the data directory's lock if the caller holds it already."""
+        """``dir_lock``: the data directory's lock if the caller holds it already.
+        ``credential``: with authentication on, what inter-broker requests carry and must
+        present (:mod:`cluster.interbroker`); None: not checked."""
         self.config = config
+        self.credential = credential
         self.clock = clock or SystemClock()
         self.data_dir = config.data_dir
         self.metadata: MetadataStore | None = None
@@ -245,7 +250,9 @@ class Broker:
         cfg = self.config
         rcfg = cfg.replication or ReplicationConfig(broker_id=cfg.broker_id)
         await self.logs.start()
-        self.replicas = ReplicaManager(rcfg, self.logs, self.store, self.clock, self.log_config)
+        self.replicas = ReplicaManager(
+            rcfg, self.logs, self.store, self.clock, self.log_config, credential=self.credential
+        )
         self.replicas.on_topics.append(self._set_topics)
         self.replicas.on_topics_changed.append(self._topics_changed)
         self.replicas.on_roles_changed.append(self._roles_changed)

@@ -255,7 +255,7 @@ class Forwarder:
                 response = await client.request(
                     "POST",
                     path,
-                    headers=[("content-type", CONTENT_TYPE)],
+                    headers=[("content-type", CONTENT_TYPE), *rm.request_headers()],
                     body=body,
                     timeout_s=timeout_s,
                 )

@@ -57,6 +57,7 @@ from core_log.manager import LogManager, Partition
 from . import replica_wire as wire
 from .h2base import DEFAULT_LIMITS, Handler
 from .h2transport import H2Client, H2Request, H2Response, H2Server
+from .interbroker import ClusterCredential
 from .metadata import BrokerMeta, ConcurrentUpdateError, MetadataStore, PartitionMeta, TopicMeta
 from .replication import (
     NO_LEADER,
@@ -198,8 +199,13 @@ class ReplicaManager:
         store: MetadataStore,
         clock: Clock,
         log_config: Callable[[str], LogConfig],
+        *,
+        credential: ClusterCredential | None = None,
     ) -> None:
         self.config = config
+        # With authentication on, every h2c request carries and must present the cluster
+        # credential (cluster.interbroker); None: authentication off, nothing checked.
+        self.credential = credential
         self.me = config.broker_id
         self.logs = logs
         self.store = store
@@ -488,7 +494,13 @@ class ReplicaManager:
         handler = self.handlers.get(request.path)
         if request.method != "POST" or handler is None:
             return H2Response(404, [], b"")
+        if self.credential is not None and not self.credential.valid_headers(request.headers):
+            return H2Response(401, [], b"inter-broker requests need the cluster credential")
         return await handler(request)
+
+    def request_headers(self) -> list[tuple[str, str]]:
+        """Headers every h2c request to another broker carries (the cluster credential)."""
+        return self.credential.headers() if self.credential is not None else []
 
     async def serve_fetch(self, request: H2Request) -> H2Response:
         try:
@@ -742,7 +754,11 @@ class ReplicaManager:
         )
         timeout_s = (self.config.fetch_wait_max_ms + self.config.socket_timeout_ms) / 1000
         response = await client.request(
-            "POST", wire.PATH, body=wire.encode_request(req), timeout_s=timeout_s
+            "POST",
+            wire.PATH,
+            headers=self.request_headers(),
+            body=wire.encode_request(req),
+            timeout_s=timeout_s,
         )
         if response.status != 200:
             raise OSError(f"replica fetch answered {response.status}")

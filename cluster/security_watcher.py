@@ -70,6 +70,7 @@ class SecurityWatcher:
         self._clock = clock
         self.snapshot: SecuritySnapshot | None = None  # the one last handed to on_change
         self.failures = 0  # consecutive failed polls
+        self.polls = 0  # version reads made (tests bound propagation in polls, not seconds)
         self._last_success: float | None = None
         self._last_error_log: float | None = None
         self._task: asyncio.Task[None] | None = None
@@ -91,6 +92,7 @@ class SecurityWatcher:
         """One tick: reload if the version moved. True if ``on_change`` was called; errors
         propagate (:meth:`run` logs them)."""
         version = await asyncio.to_thread(self._source.version)
+        self.polls += 1
         if self.snapshot is not None and version == self.snapshot.version:
             self._last_success = self._clock()
             return False

@@ -15,8 +15,11 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     descriptions = {
         400: "Invalid request (INVALID_REQUEST, INVALID_TOPIC_EXCEPTION, INVALID_CONFIG, "
         "INVALID_REPLICA_ASSIGNMENT, CORRUPT_MESSAGE, ...)",
-        403: "Not allowed (TOPIC_AUTHORIZATION_FAILED: an internal topic is read through the "
-        "group API only; ORIGIN_NOT_ALLOWED)",
+        401: "No, a malformed or a bad credential (SASL_AUTHENTICATION_FAILED), with "
+        "WWW-Authenticate; only with authentication on",
+        403: "Not allowed (TOPIC_/GROUP_/CLUSTER_/TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the "
+        "ACLs deny it, or an internal topic is read through the group API only; "
+        "ORIGIN_NOT_ALLOWED)",
         404: "Unknown topic or partition (UNKNOWN_TOPIC_OR_PARTITION)",
         406: "Cannot answer in the Accept type (NOT_ACCEPTABLE)",
         409: "Conflict (TOPIC_ALREADY_EXISTS, CONCURRENT_UPDATE, OUT_OF_ORDER_SEQUENCE_NUMBER, "

@@ -11,12 +11,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from auth_quotas.acl import Operation, Resource, ResourceType
 from cluster.assignor import TopicPartition
 from cluster.coordinator import Coordinator, validate_group_id
 from cluster.forwarding import direct_route
 from core_log.errors import ErrorCode, LogbusError
 
 from .. import groups_list, streams
+from ..access import identity_of, require
 from ..group_schemas import (
     CommittedOffsetPublic,
     GroupDetail,
@@ -65,7 +67,11 @@ def _assignment(coordinator: Coordinator, group: str, member_id: str, r: Any) ->
     # timeout shorter than a write of the group record).
     responses=errors(400, 404, 409, 503),
 )
-async def join(group: str, body: MemberJoin, coordinator: CoordinatorDep) -> MemberAssignment:
+async def join(
+    group: str, body: MemberJoin, coordinator: CoordinatorDep, request: Request, state: StateDep
+) -> MemberAssignment:
+    for topic in body.topics:  # Kafka: READ on what a member consumes
+        require(state.security, request.scope, Operation.READ, Resource(ResourceType.TOPIC, topic))
     r = coordinator.join(
         group,
         body.topics,
@@ -174,7 +180,11 @@ def _sse(body: Any) -> StreamingResponse:
     summary="Commit offsets (from a member at its generation, or standalone for an empty group)",
     responses=errors(400, 404, 409),
 )
-async def commit(group: str, body: OffsetCommit, coordinator: CoordinatorDep) -> GroupOffsets:
+async def commit(
+    group: str, body: OffsetCommit, coordinator: CoordinatorDep, request: Request, state: StateDep
+) -> GroupOffsets:
+    for topic in sorted({o.topic for o in body.offsets}):  # Kafka's OffsetCommit: READ topic
+        require(state.security, request.scope, Operation.READ, Resource(ResourceType.TOPIC, topic))
     if (body.member_id is None) != (body.generation is None):
         raise bad_request("member_id and generation go together")
     offsets = {(o.topic, o.partition): (o.offset, o.metadata) for o in body.offsets}
@@ -213,10 +223,14 @@ async def get_offsets(group: str, coordinator: CoordinatorDep) -> GroupOffsets:
     summary="Reset an empty group's offsets to earliest, latest, a timestamp or given offsets",
     responses=errors(400, 404, 409, 416),
 )
-async def reset_offsets(group: str, body: OffsetReset, state: StateDep) -> GroupOffsets:
+async def reset_offsets(
+    group: str, body: OffsetReset, state: StateDep, request: Request
+) -> GroupOffsets:
     coordinator = state.coordinator
     validate_group_id(group)  # a bad name is 400 before any offset is looked at
     targets = await _reset_targets(state, group, body)
+    for topic in sorted({t for t, _ in targets}):  # Kafka's AlterConsumerGroupOffsets
+        require(state.security, request.scope, Operation.READ, Resource(ResourceType.TOPIC, topic))
     await coordinator.reset(group, targets)
     return _offsets(coordinator, group, set(targets))
 
@@ -274,8 +288,15 @@ async def list_groups(
     limit: Annotated[int, Query(ge=1, le=MAX_GROUPS_LISTED)] = 1000,
 ) -> GroupList:
     if direct_route.get() or FORWARDED_BY.decode() in request.headers:
-        return groups_list.local_list(state.coordinator, limit)
-    return await groups_list.cluster_list(state, limit)
+        found = groups_list.local_list(state.coordinator, limit)
+    else:
+        found = await groups_list.cluster_list(state, limit, request.scope)
+    security = state.security
+    if security is not None and security.enabled:  # only what the principal may describe
+        names = {g.group for g in found.groups}
+        shown = set(security.visible(identity_of(request.scope), ResourceType.GROUP, names))
+        found.groups = [g for g in found.groups if g.group in shown]
+    return found
 
 
 @router.get(

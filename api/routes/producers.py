@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
+from auth_quotas.acl import Operation, Resource, ResourceType
+
+from ..access import require
 from ..schemas import ProducerInit, ProducerPublic
-from ..state import BrokerDep
+from ..state import BrokerDep, StateDep
 from .common import errors
 
 router = APIRouter(prefix="/v1/producers", tags=["producers"])
@@ -17,6 +20,11 @@ router = APIRouter(prefix="/v1/producers", tags=["producers"])
     summary="Start a producer session: a producer id and epoch for idempotent produce",
     responses=errors(400, 409),
 )
-async def init_producer(body: ProducerInit, broker: BrokerDep) -> ProducerPublic:
+async def init_producer(
+    body: ProducerInit, broker: BrokerDep, request: Request, state: StateDep
+) -> ProducerPublic:
+    if body.transactional_id is not None:  # Kafka: WRITE on the transactional id
+        resource = Resource(ResourceType.TRANSACTIONAL_ID, body.transactional_id)
+        require(state.security, request.scope, Operation.WRITE, resource)
     pid, epoch = await broker.init_producer(body.transactional_id)
     return ProducerPublic(producer_id=pid, producer_epoch=epoch)

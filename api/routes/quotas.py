@@ -29,9 +29,13 @@ _TYPES: list[JsonValue] = [q.value for q in QuotaType]
 class QuotaEntityBody(BaseModel):
     """Who a quota is for: a user, a client id, or both."""
 
-    model_config = ConfigDict(extra="forbid")
-    user: str | None = Field(default=None, description="the user: " + _PART_DOC)
-    client_id: str | None = Field(default=None, description="the client id: " + _PART_DOC)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+    user: str | None = Field(
+        default=None, min_length=1, max_length=255, description="the user: " + _PART_DOC
+    )
+    client_id: str | None = Field(
+        default=None, min_length=1, max_length=255, description="the client id: " + _PART_DOC
+    )
 
 
 class QuotaSet(BaseModel):
@@ -112,8 +116,8 @@ def _entries(rows: list[QuotaRow]) -> list[QuotaEntry]:
 
 async def _reload(state: AppState) -> int:
     """Apply the store's state here now (the watcher would within 250 ms)."""
-    if state.security_watcher is not None:
-        return (await state.security_watcher.refresh()).version
+    if state.security is not None and state.security.watcher is not None:
+        return (await state.security.watcher.refresh()).version
     snapshot = await asyncio.to_thread(state.broker.store.security.snapshot)
     state.quotas.apply_snapshot(snapshot)
     return snapshot.version
@@ -162,10 +166,12 @@ async def set_quotas(body: QuotaSet, state: StateDep) -> QuotaList:
 async def list_quotas(
     state: StateDep,
     user: Annotated[
-        str | None, Query(max_length=255, description='exact user name or "<default>"')
+        str | None,
+        Query(min_length=1, max_length=255, description='exact user name or "<default>"'),
     ] = None,
     client_id: Annotated[
-        str | None, Query(max_length=255, description='exact client id or "<default>"')
+        str | None,
+        Query(min_length=1, max_length=255, description='exact client id or "<default>"'),
     ] = None,
 ) -> QuotaList:
     return await _listing(state, user, client_id)
@@ -180,14 +186,19 @@ async def list_quotas(
 async def delete_quotas(
     state: StateDep,
     user: Annotated[
-        str | None, Query(max_length=255, description='user name or "<default>"')
+        str | None,
+        Query(min_length=1, max_length=255, description='user name or "<default>"'),
     ] = None,
     client_id: Annotated[
-        str | None, Query(max_length=255, description='client id or "<default>"')
+        str | None,
+        Query(min_length=1, max_length=255, description='client id or "<default>"'),
     ] = None,
     quota: Annotated[
         list[str] | None,
-        Query(description="quota types to delete (repeat); none: all of the entity's"),
+        Query(
+            description="quota types to delete (repeat); none: all of the entity's",
+            json_schema_extra={"items": {"type": "string", "enum": _TYPES}},
+        ),
     ] = None,
 ) -> Response:
     given = {name for name, v in (("user", user), ("client_id", client_id)) if v is not None}

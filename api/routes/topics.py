@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
+from auth_quotas.acl import CLUSTER, Operation, Resource, ResourceType
 from cluster.broker import INTERNAL_TOPICS, Broker
 from cluster.metadata import PartitionMeta, TopicMeta
 from core_log.config import LogConfig
 
+from ..access import identity_of, require
 from ..params import UINT_PATTERN, PartitionPath
 from ..schemas import (
     ConfigsPatch,
@@ -107,7 +109,16 @@ def reassignment(row: PartitionMeta) -> ReassignmentPublic:
     summary="Create a topic",
     responses=errors(400, 409),
 )
-async def create_topic(body: TopicCreate, broker: BrokerDep, response: Response) -> TopicPublic:
+async def create_topic(
+    body: TopicCreate, broker: BrokerDep, response: Response, request: Request, state: StateDep
+) -> TopicPublic:
+    security = state.security
+    if security is not None and security.enabled:
+        identity = identity_of(request.scope)
+        if not security.allowed(identity, Operation.CREATE, CLUSTER):  # Kafka: either one
+            require(
+                security, request.scope, Operation.CREATE, Resource(ResourceType.TOPIC, body.name)
+            )
     t = await broker.create_topic(body.name, body.partitions, body.replication_factor, body.configs)
     response.headers["Location"] = f"/v1/topics/{t.name}"
     return _public(t)
@@ -116,11 +127,19 @@ async def create_topic(body: TopicCreate, broker: BrokerDep, response: Response)
 @router.get("", summary="List topics (internal ones such as __consumer_offsets on request)")
 async def list_topics(
     broker: BrokerDep,
+    request: Request,
+    state: StateDep,
     internal: Annotated[bool, Query(description="include internal topics")] = False,
 ) -> TopicList:
-    return TopicList(
-        topics=[_public(t) for t in broker.topics() if internal or t.name not in INTERNAL_TOPICS]
-    )
+    topics = [t for t in broker.topics() if internal or t.name not in INTERNAL_TOPICS]
+    if state.security is not None and state.security.enabled:  # only what it may describe
+        names = set(
+            state.security.visible(
+                identity_of(request.scope), ResourceType.TOPIC, [t.name for t in topics]
+            )
+        )
+        topics = [t for t in topics if t.name in names]
+    return TopicList(topics=[_public(t) for t in topics])
 
 
 @router.get("/{topic}", summary="Describe a topic and its partitions", responses=errors(404))

@@ -95,4 +95,4 @@ def test_budgets_must_admit_the_largest_request() -> None:
 def test_limits_must_be_positive() -> None:
     for name in ("header_timeout_ms", "body_timeout_ms", "send_timeout_ms", "max_connections"):
         with pytest.raises(ValueError, match=name):
-            Settings(**{name: 0})
+            Settings.model_validate({name: 0})

@@ -90,7 +90,8 @@ def _link(cluster: Cluster, changes: list[int]) -> GroupLink:
         broker=broker,
         coordinator=SimpleNamespace(coordinates=lambda group: False),
         proxy=SimpleNamespace(
-            client=httpx.AsyncClient(transport=httpx.MockTransport(cluster.handle))
+            client=httpx.AsyncClient(transport=httpx.MockTransport(cluster.handle)),
+            inter_broker_headers=lambda scope: [],  # authentication off
         ),
     )
     join = proto.Join(group="g", topics=["t"], session_timeout_ms=SESSION_MS)
