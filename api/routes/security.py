@@ -18,7 +18,7 @@ import asyncio
 import re
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from auth_quotas.acl import (
@@ -413,14 +413,27 @@ def _enum_param(kind: type[Any], field: str, value: str | None) -> str | None:
     return value
 
 
+def _choices(kind: type[Any], *extra: str) -> str:
+    return "^(" + "|".join([m.value for m in kind] + list(extra)) + ")$"
+
+
+PrincipalQ = Annotated[str | None, Query(pattern="^User:[^\\x00-\\x1f\\x7f]+$", max_length=255)]
+NameQ = Annotated[str | None, Query(min_length=1, max_length=249)]
+TypeQ = Annotated[str | None, Query(pattern=_choices(ResourceType))]
+PatternQ = Annotated[str | None, Query(pattern=_choices(PatternType, "prefix"))]
+OperationQ = Annotated[str | None, Query(pattern=_choices(Operation))]
+PermissionQ = Annotated[str | None, Query(pattern=_choices(Permission))]
+
+
 def _filter(
-    principal: str | None,
-    resource_type: str | None,
-    name: str | None,
-    pattern: str | None,
-    operation: str | None,
-    permission: str | None,
+    principal: PrincipalQ = None,
+    resource_type: TypeQ = None,
+    name: NameQ = None,
+    pattern: PatternQ = None,
+    operation: OperationQ = None,
+    permission: PermissionQ = None,
 ) -> AclFilter:
+    """The ACL filter of a listing or a removal, from its query (each given field must equal)."""
     if principal is not None:
         try:
             validate_principal(principal)
@@ -438,16 +451,7 @@ def _filter(
     )
 
 
-def _choices(kind: type[Any], *extra: str) -> str:
-    return "^(" + "|".join([m.value for m in kind] + list(extra)) + ")$"
-
-
-PrincipalQ = Annotated[str | None, Query(pattern="^User:[^\\x00-\\x1f\\x7f]+$", max_length=255)]
-NameQ = Annotated[str | None, Query(min_length=1, max_length=249)]
-TypeQ = Annotated[str | None, Query(pattern=_choices(ResourceType))]
-PatternQ = Annotated[str | None, Query(pattern=_choices(PatternType, "prefix"))]
-OperationQ = Annotated[str | None, Query(pattern=_choices(Operation))]
-PermissionQ = Annotated[str | None, Query(pattern=_choices(Permission))]
+AclFilterDep = Annotated[AclFilter, Depends(_filter)]
 UserPath = Annotated[str, Path(pattern=USER_PATTERN)]
 KeyIdPath = Annotated[str, Path(pattern="^[0-9a-f]{16}$")]
 
@@ -455,16 +459,7 @@ KeyIdPath = Annotated[str, Path(pattern="^[0-9a-f]{16}$")]
 @router.get(
     "/v1/acls", summary="List ACLs (each given field must equal)", responses=errors(400, 403)
 )
-async def list_acls(
-    security: SecurityDep,
-    principal: PrincipalQ = None,
-    resource_type: TypeQ = None,
-    name: NameQ = None,
-    pattern: PatternQ = None,
-    operation: OperationQ = None,
-    permission: PermissionQ = None,
-) -> AclList:
-    where = _filter(principal, resource_type, name, pattern, operation, permission)
+async def list_acls(security: SecurityDep, where: AclFilterDep) -> AclList:
     rows = await asyncio.to_thread(_store(security).acls)
     return AclList(
         acls=[AclPublic(**_row_dict(r)) for r in rows if where.matches(r)],
@@ -476,17 +471,8 @@ async def list_acls(
     summary="Remove the ACLs a filter matches (at least one field); returns them",
     responses=errors(400, 403),
 )
-async def remove_acls(
-    security: SecurityDep,
-    principal: PrincipalQ = None,
-    resource_type: TypeQ = None,
-    name: NameQ = None,
-    pattern: PatternQ = None,
-    operation: OperationQ = None,
-    permission: PermissionQ = None,
-) -> AclsRemoved:
-    where = _filter(principal, resource_type, name, pattern, operation, permission)
-    if all(v is None for v in (principal, resource_type, name, pattern, operation, permission)):
+async def remove_acls(security: SecurityDep, where: AclFilterDep) -> AclsRemoved:
+    if where == AclFilter():
         raise bad_request("name at least one field to match (a filter matching every ACL)")
     gone = await asyncio.to_thread(_store(security).remove_acls, where)
     await security.refresh()
