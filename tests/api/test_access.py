@@ -352,6 +352,24 @@ def test_forwarded_principal_header_is_not_trusted_from_users(broker: Broker) ->
     assert r.status_code == 401
 
 
+def test_a_user_saying_forwarded_is_still_measured_by_its_quota(broker: Broker) -> None:
+    """Logbus-Forwarded-By exempts a request from the quota gate (it was measured where it
+    came in), so, like Logbus-Principal, only a broker with the cluster credential may send it."""
+    b = broker
+    quota = {"entity": {"user": "alice"}, "quotas": {"producer_byte_rate": 2}}
+    assert b.c.put("/v1/quotas", json=quota, headers=b.admin).status_code == 200
+    b.grant(("write", "topic", TOPIC))
+    try:
+        for extra in ({}, {"Logbus-Forwarded-By": "2"}):
+            r = b.c.post(f"/v1/topics/{TOPIC}/records", json=RECORDS, headers={**b.alice, **extra})
+            assert r.status_code == 200, r.text
+            assert int(r.headers["Logbus-Throttle-Time-Ms"]) > 0, (extra, dict(r.headers))
+    finally:
+        r = b.c.request("DELETE", "/v1/quotas?user=alice", headers=b.admin)
+        assert r.status_code == 204
+        b.revoke_all()
+
+
 def test_bad_admin_input_is_400(broker: Broker) -> None:
     b = broker
     bodies: list[Any] = [
