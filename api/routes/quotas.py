@@ -158,21 +158,23 @@ async def set_quotas(body: QuotaSet, state: StateDep) -> QuotaList:
     return QuotaList(quotas=_entries(mine), version=version)
 
 
+# The entity of a listing or a deletion, by its parts (exact names; "<default>" is Kafka's
+# default entity).
+UserQuery = Annotated[
+    str | None, Query(min_length=1, max_length=255, description='user name or "<default>"')
+]
+ClientIdQuery = Annotated[
+    str | None, Query(min_length=1, max_length=255, description='client id or "<default>"')
+]
+
+
 @router.get(
     "",
     summary="List quotas (Kafka's DescribeClientQuotas), optionally of one user / client id",
     responses=errors(400),
 )
 async def list_quotas(
-    state: StateDep,
-    user: Annotated[
-        str | None,
-        Query(min_length=1, max_length=255, description='exact user name or "<default>"'),
-    ] = None,
-    client_id: Annotated[
-        str | None,
-        Query(min_length=1, max_length=255, description='exact client id or "<default>"'),
-    ] = None,
+    state: StateDep, user: UserQuery = None, client_id: ClientIdQuery = None
 ) -> QuotaList:
     return await _listing(state, user, client_id)
 
@@ -185,14 +187,8 @@ async def list_quotas(
 )
 async def delete_quotas(
     state: StateDep,
-    user: Annotated[
-        str | None,
-        Query(min_length=1, max_length=255, description='user name or "<default>"'),
-    ] = None,
-    client_id: Annotated[
-        str | None,
-        Query(min_length=1, max_length=255, description='client id or "<default>"'),
-    ] = None,
+    user: UserQuery = None,
+    client_id: ClientIdQuery = None,
     quota: Annotated[
         list[str] | None,
         Query(
