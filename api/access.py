@@ -343,7 +343,8 @@ class Access:
             return _forwarded(security, credential, principal)
         # Only a broker may say on whose behalf it asks, or that it forwards a request (which
         # the quota gate then does not measure again: api.quota_gate.forwarded).
-        scope["headers"] = [(k, v) for k, v in scope["headers"] if k not in _BROKER_ONLY]
+        if any(k in _BROKER_ONLY for k, _ in scope["headers"]):  # rare: copy only then
+            scope["headers"] = [(k, v) for k, v in scope["headers"] if k not in _BROKER_ONLY]
         query_token = None
         if not authorization and method in ("GET", "WEBSOCKET"):
             query_token = _query_token(scope)
