@@ -47,7 +47,3 @@ class BrokerProcess(process.BrokerProcess):
         self.proc = cast("subprocess.Popen[bytes]", child)
         self._wait_ready()
         return self
-
-    def restart(self) -> BrokerProcess:
-        self.stop()
-        return self.start()
