@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -119,6 +119,7 @@ wrk.method = "{method}"
 wrk.headers["Content-Type"] = "{content_type}"
 wrk.headers["Accept"] = "{accept}"
 {route}
+{extra}
 {body}
 """
 
@@ -142,7 +143,9 @@ def run_wrk(
     content_type: str = "application/json",
     accept: str = "application/json",
     direct: bool = False,
+    headers: Mapping[str, str] | None = None,
 ) -> WrkResult:
+    """``headers``: more request headers (e.g. ``Authorization``), sent on every request."""
     body_lua = ""
     if body is not None:
         body_path = workdir / f"body-{len(body)}-{hash(body) & 0xFFFF}.bin"
@@ -156,6 +159,10 @@ def run_wrk(
             accept=accept,
             body=body_lua,
             route='wrk.headers["Logbus-Route"] = "direct"' if direct else "",
+            extra="\n".join(
+                f"wrk.headers[{_lua_string(k)}] = {_lua_string(v)}"
+                for k, v in (headers or {}).items()
+            ),
         )
     )
     cmd = [
@@ -177,6 +184,13 @@ def run_wrk(
     if errors:
         raise RuntimeError(f"wrk saw {errors} failed requests to {url}:\n{out}")
     return WrkResult(rps, _wrk_percentile(out, "50%"), _wrk_percentile(out, "99%"), errors)
+
+
+def _lua_string(text: str) -> str:
+    """A Lua string literal of ``text`` (header names and values: printable ASCII)."""
+    if not text.isprintable() or not text.isascii():
+        raise ValueError(f"not a printable ASCII header: {text[:40]!r}")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _wrk_percentile(out: str, label: str) -> float:
