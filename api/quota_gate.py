@@ -273,11 +273,14 @@ async def _http(
     byte_res = quotas.resolve(byte_type, user, client) if byte_type is not None else None
     time_res = quotas.resolve(R, user, client)
     # Wait out what past traffic earned, holding nothing (the body is still in the socket).
+    if byte_res is None and time_res is None and not mutation:
+        await app(scope, receive, send)  # no quota applies to this caller: nothing to measure
+        return
     owed = 0
     if byte_res is not None and byte_type is not None:
-        owed = quotas.record(byte_type, byte_res, 0).throttle_time_ms
+        owed = quotas.owed_ms(byte_type, byte_res)
     if time_res is not None:
-        owed = max(owed, quotas.record(R, time_res, 0).throttle_time_ms)
+        owed = max(owed, quotas.owed_ms(R, time_res))
     owed = min(owed, quotas.config.throttle_cap_ms)
     if owed:
         await asyncio.sleep(owed / 1000)
@@ -335,9 +338,15 @@ async def _http(
                 captured_size += len(body)
         await send(message)
 
-    timed = _Timed(app(scope, counted_receive, gated_send))  # type: ignore[arg-type]
+    # Only what a quota reads is wrapped: the body count (produce), the handler's time.
+    measured_receive = counted_receive if byte_type is P and byte_res is not None else receive
+    handler = app(scope, measured_receive, gated_send)
     try:
-        await timed
+        if time_res is not None:
+            timed = _Timed(handler)  # type: ignore[arg-type]
+            await timed
+        else:
+            await handler
     finally:
         if mutation and 200 <= status < 300:
             quotas.mutation_done(user, client, _permits(kind, before, b"".join(captured)))
@@ -359,16 +368,28 @@ def _permits(kind: str, before: int, answer: bytes) -> int:
 
 def _response_headers(throttles: list[Throttle], quotas: QuotaState) -> list[tuple[bytes, bytes]]:
     """The throttle fields of an answer: the largest throttle of all that applied; the byte
-    quota's RateLimit fields."""
-    worst = max(throttles, key=lambda t: t.throttle_time_ms)
+    quota's RateLimit fields (of the last byte quota that has them)."""
+    worst = throttles[0]
+    for t in throttles:
+        if t.throttle_time_ms > worst.throttle_time_ms:  # the first of the largest
+            worst = t
     fields = worst.headers(quotas.config)
+    policy = None
     for t in throttles:
         if t.quota_type is not R:
-            rate = t.headers(quotas.config)
-            for name in ("RateLimit-Policy", "RateLimit"):
-                if name in rate:
-                    fields[name] = rate[name]
-    return [(k.lower().encode(), v.encode()) for k, v in fields.items()]
+            own = fields if t is worst else t.headers(quotas.config)
+            if "RateLimit" in own:
+                policy = own
+    if policy is not None:
+        fields["RateLimit-Policy"] = policy["RateLimit-Policy"]
+        fields["RateLimit"] = policy["RateLimit"]
+    return [(_FIELD_NAMES.get(k) or k.lower().encode(), v.encode()) for k, v in fields.items()]
+
+
+_FIELD_NAMES: Final = {
+    name: name.lower().encode()
+    for name in ("Logbus-Throttle-Time-Ms", "Retry-After", "RateLimit-Policy", "RateLimit")
+}
 
 
 def _clamped_fetch(

@@ -202,10 +202,23 @@ class QuotaState:
         ``value`` 0 asks how throttled the caller is now."""
         now = self.clock() if now_ms is None else now_ms
         throttle = self.sensors.record(quota_type, res, value, now)
+        self._account(quota_type, res, throttle.throttle_time_ms, now)
+        return throttle
+
+    def owed_ms(self, quota_type: QuotaType, res: Resolution) -> int:
+        """``record(quota_type, res, 0).throttle_time_ms`` (how long the caller's past
+        traffic says to wait now), without building the :class:`Throttle` nobody reads."""
+        now = self.clock()
+        throttle_ms = self.sensors.observe(quota_type, res, 0, now)[0]
+        self._account(quota_type, res, throttle_ms, now)
+        return throttle_ms
+
+    def _account(self, quota_type: QuotaType, res: Resolution, throttle_ms: int, now: int) -> None:
+        """The /metrics side of a record: the limit, and the throttle time handed out."""
         key = (quota_type, res.sensor_key)
         self._limits[key] = res.limit
-        if throttle.throttle_time_ms or key in self._throttled:
-            total = self._throttled.pop(key, 0.0) + throttle.throttle_time_ms
+        if throttle_ms or key in self._throttled:
+            total = self._throttled.pop(key, 0.0) + throttle_ms
             self._throttled[key] = total
             while len(self._throttled) > self.max_sensors:
                 gone, _ = self._throttled.popitem(last=False)
@@ -213,7 +226,6 @@ class QuotaState:
         if len(self._limits) > 2 * self.max_sensors:  # limits of dropped sensors
             live = set(self.sensors.rates(now))
             self._limits = {k: v for k, v in self._limits.items() if k in live}
-        return throttle
 
     # -- controller mutations (KIP-599) ------------------------------------------------------
 

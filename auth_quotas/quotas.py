@@ -340,6 +340,11 @@ class SampledRate:
             elapsed += (self._config.window_num - 1 - full) * size
         return total, max(elapsed, 1)
 
+    def observe(self, value: float, now_ms: int) -> tuple[float, int]:
+        """:meth:`record` then :meth:`snapshot`, in one call (the per-request path)."""
+        self.record(value, now_ms)
+        return self.snapshot(now_ms)
+
     def window_ms(self, now_ms: int) -> int:
         return self.snapshot(now_ms)[1]
 
@@ -383,8 +388,7 @@ class RateSensor:
     ) -> tuple[int, float, int]:
         """:meth:`record`, also returning the window's total and span for the caller's
         ``remaining`` (one pass over the samples per request)."""
-        self.rate.record(value, now_ms)
-        total, window_ms = self.rate.snapshot(now_ms)
+        total, window_ms = self.rate.observe(value, now_ms)
         if math.isinf(limit):
             return 0, total, window_ms
         cap = self.config.throttle_cap_ms if cap_ms is None else cap_ms
@@ -544,10 +548,15 @@ class QuotaSensors:
         return len(self._sensors)
 
     def sensor(self, quota_type: QuotaType, key: tuple[str, str], now_ms: int) -> RateSensor:
-        entry = self._sensors.pop((quota_type, key), None)
-        sensor = RateSensor(self.config) if entry is None else entry[0]
-        self._sensors[(quota_type, key)] = (sensor, now_ms)
-        while self._sensors:
+        sensors = self._sensors
+        entry = sensors.get((quota_type, key))
+        if entry is None:
+            sensor = RateSensor(self.config)
+        else:
+            sensor = entry[0]
+            sensors.move_to_end((quota_type, key))  # most recently used last
+        sensors[(quota_type, key)] = (sensor, now_ms)
+        while sensors:
             (_, (_, last_ms)) = next(iter(self._sensors.items()))
             if len(self._sensors) <= self._max and now_ms - last_ms < self._idle_ms:
                 break
@@ -559,16 +568,26 @@ class QuotaSensors:
     ) -> Throttle:
         """Record ``value`` (bytes; for ``request_percentage`` handler nanoseconds) for the
         caller ``resolution`` describes and say how long to delay its response."""
-        sensor = self.sensor(quota_type, resolution.sensor_key, now_ms)
+        throttle, total, window_ms = self.observe(quota_type, resolution, value, now_ms)
         limit = resolution.limit
-        if quota_type is QuotaType.REQUEST_PERCENTAGE:
-            value = request_time_percent(int(value))
-            cap_ms: int | None = self.config.window_size_ms
-        else:
-            cap_ms = None
-        throttle, total, window_ms = sensor.observe(value, now_ms, limit, cap_ms)
         remaining = math.inf if math.isinf(limit) else max(limit * window_ms / 1000 - total, 0.0)
         return Throttle(quota_type, limit, throttle, remaining, window_ms, resolution.sensor_key)
+
+    def observe(
+        self, quota_type: QuotaType, resolution: Resolution, value: float, now_ms: int
+    ) -> tuple[int, float, int]:
+        """:meth:`record` without building its :class:`Throttle`: (throttle time in ms, the
+        window's total, its span in ms). For asking how throttled a caller is now (``value``
+        0) on every request."""
+        sensor = self.sensor(quota_type, resolution.sensor_key, now_ms)
+        if quota_type is QuotaType.REQUEST_PERCENTAGE:
+            return sensor.observe(
+                request_time_percent(int(value)),
+                now_ms,
+                resolution.limit,
+                self.config.window_size_ms,
+            )
+        return sensor.observe(value, now_ms, resolution.limit, None)
 
     def recent(
         self, limit: int, now_ms: int
