@@ -62,6 +62,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -177,7 +178,9 @@ def _check(r: httpx.Response, what: str) -> httpx.Response:
     return r
 
 
-def setup(brokers: dict[str, Broker], n_acls: int) -> dict[str, Any]:
+def setup(
+    brokers: dict[str, Broker], n_acls: int, quota_types: Sequence[str] = tuple(NEVER_THROTTLES)
+) -> dict[str, Any]:
     """User, key, ACLs and quota on the auth brokers; the same request headers everywhere.
     Returns what was configured (for the JSON)."""
     keys: dict[str, str] = {}
@@ -189,7 +192,8 @@ def setup(brokers: dict[str, Broker], n_acls: int) -> dict[str, Any]:
             keys[name] = created["key"]
             _check(c.post("/v1/acls", json=acls), f"add {len(acls)} ACLs")
             if name == "auth_quota":
-                body = {"entity": {"user": USER, "client_id": CLIENT_ID}, "quotas": NEVER_THROTTLES}
+                quotas = {t: NEVER_THROTTLES[t] for t in quota_types}
+                body = {"entity": {"user": USER, "client_id": CLIENT_ID}, "quotas": quotas}
                 _check(c.put("/v1/quotas", json=body), "set quota")
             total = len(_check(c.get("/v1/acls"), "list ACLs").json()["acls"])
         b.headers = {"Authorization": f"Bearer {keys[name]}", "Logbus-Client-Id": CLIENT_ID}
@@ -290,7 +294,7 @@ def produce(
                 content_type=load.content_type,
                 headers=b.headers,
             )
-            elapsed = max(1, round(seconds))  # wrk's -d
+            elapsed: float = max(1, round(seconds))  # wrk's -d
         else:
             r = asyncio.run(_python_load(b.url, path, load, seconds, b.headers))
             elapsed = seconds
@@ -399,7 +403,7 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Figure], dict[str
     with running(*(b.process for b in brokers.values())):
         for b in brokers.values():
             start_patiently(b.process)
-        extra["configured"] = setup(brokers, args.acls)
+        extra["configured"] = setup(brokers, args.acls, args.quota)
         sanity(brokers)
         print(
             f"brokers: none {brokers['none'].url}, auth {brokers['auth'].url}, "
@@ -417,10 +421,11 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Figure], dict[str
                 brokers[config], topic, shapes[kind], seconds, args.acks, workdir, args.driver
             )
 
-        print("warm-up (every load on every broker):", flush=True)
-        for kind in shapes:
-            for config in CONFIGS:
-                measure(config, kind, args.warmup_seconds)
+        if args.warmup_seconds > 0:
+            print("warm-up (every load on every broker):", flush=True)
+            for kind in shapes:
+                for config in CONFIGS:
+                    measure(config, kind, args.warmup_seconds)
         rounds: dict[str, list[dict[str, float]]] = {kind: [] for kind in shapes}
         cpu_rounds: dict[str, list[dict[str, float]]] = {kind: [] for kind in shapes}
         p99: dict[str, list[float]] = {}
@@ -490,7 +495,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="docs/bench-auth.json", help="'' for none")
     parser.add_argument("--data-dir", default="bench-data")
     parser.add_argument("--seconds", type=float, help="per measurement (3; quick 1)")
-    parser.add_argument("--warmup-seconds", type=float, help="per load and broker (1; quick 1)")
+    parser.add_argument(
+        "--warmup-seconds", type=float, default=1.0, help="per load and broker (0: none)"
+    )
+    parser.add_argument(
+        "--quota",
+        default=",".join(NEVER_THROTTLES),
+        help="comma-separated quota types of auth_quota (all three by default)",
+    )
     parser.add_argument("--rounds", type=int, help="rounds of none, auth, auth_quota (5; quick 1)")
     parser.add_argument("--acls", type=int, default=100, help="ACLs applying to the user")
     parser.add_argument("--acks", choices=["0", "1", "all"], default="1")
@@ -499,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     q = args.quick
     args.seconds = args.seconds or (1.0 if q else 3.0)
-    args.warmup_seconds = args.warmup_seconds or 1.0
+    args.quota = [t.strip() for t in args.quota.split(",") if t.strip()]
+    if not args.quota or set(args.quota) - set(NEVER_THROTTLES):
+        parser.error(f"--quota: some of {', '.join(NEVER_THROTTLES)}")
     args.rounds = args.rounds or (1 if q else 5)
     args.driver = args.driver or ("wrk" if shutil.which("wrk") else "python")
     args.only = [p.strip() for p in args.only.split(",") if p.strip()]
@@ -536,7 +550,11 @@ def main(argv: list[str] | None = None) -> int:
             k: getattr(args, k)
             for k in ("quick", "seconds", "warmup_seconds", "rounds", "acls", "acks", "driver")
         }
-        | {"quota": NEVER_THROTTLES, "user": USER, "client_id": CLIENT_ID},
+        | {
+            "quota": {t: NEVER_THROTTLES[t] for t in args.quota},
+            "user": USER,
+            "client_id": CLIENT_ID,
+        },
         "figures": [asdict(f) | {"met": f.met} for f in figures],
         "extra": extra,
     }
