@@ -11,7 +11,7 @@ DATA_DIR ?= ./logbus-data
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run cluster test test-slow lint typecheck browser postgres bench bench-storage bench-cluster clean
+.PHONY: run cluster test test-slow lint typecheck browser postgres bench bench-storage bench-cluster bench-auth clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -80,6 +80,13 @@ bench-cluster: $(RUN_STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/python -m benchmarks.cluster --default-kills 3 --json docs/bench-cluster.json --plot docs/bench-cluster.png
+
+# Produce throughput with authentication and 100 ACLs, and with a quota on top, as ratios to a
+# broker without authentication (three brokers side by side, alternating rounds);
+# docs/benchmarks.md, "Authentication, ACLs and quotas"; ≈ 4 min.
+bench-auth: $(RUN_STAMP)
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(BIN)/python -m benchmarks.auth --rounds 12 --seconds 2 --json docs/bench-auth.json
 
 bench-spark: $(SPARK_STAMP)
 	$(BIN)/python -m benchmarks.spark --json docs/bench-spark.json

@@ -102,16 +102,17 @@ class _Timed:
 
     def __await__(self) -> Generator[Any, Any, None]:
         coro = self._coro
+        clock = time.perf_counter_ns
         value: Any = None
         error: BaseException | None = None
         while True:
-            self._step_start = time.perf_counter_ns()
+            self._step_start = clock()
             try:
                 yielded = coro.send(value) if error is None else coro.throw(error)
             except StopIteration:
                 return
             finally:
-                self.ns += time.perf_counter_ns() - self._step_start
+                self.ns += clock() - self._step_start
                 self._step_start = 0
             value, error = None, None
             try:
@@ -311,11 +312,11 @@ async def _http(
         if message["type"] == "http.response.start":
             status = message["status"]
             headers = list(message.get("headers", ()))
-            length = next((v for k, v in headers if k.lower() == b"content-length"), None)
             throttles: list[Throttle] = []
             if byte_res is not None and byte_type is P:
                 throttles.append(quotas.record(P, byte_res, received))
             elif byte_res is not None and byte_type is C:
+                length = next((v for k, v in headers if k.lower() == b"content-length"), None)
                 if length is not None and length.isdigit():
                     throttles.append(quotas.record(C, byte_res, int(length)))
                 else:  # a stream: measured chunk by chunk

@@ -511,16 +511,32 @@ class Throttle:
         out = {"Logbus-Throttle-Time-Ms": str(self.throttle_time_ms)}
         if self.throttle_time_ms > 0:
             out["Retry-After"] = str(-(-self.throttle_time_ms // 1000))
-        unit = _QUOTA_UNITS.get(self.quota_type)
-        if unit is not None and math.isfinite(self.limit):
-            name = self.quota_type.value
-            w = max((config.window_num - 1) * config.window_size_ms // 1000, 1)
-            q = int(self.limit * w)
+        if self.quota_type in _QUOTA_UNITS and math.isfinite(self.limit):
+            policy, q = _rate_limit_policy(self.quota_type, self.limit, config)
             r = max(0, min(q, int(self.remaining)))
             t = -(-self.throttle_time_ms // 1000)
-            out["RateLimit-Policy"] = f'"{name}";q={q};qu="{unit}";w={w}'
-            out["RateLimit"] = f'"{name}";r={r};t={t}'
+            out["RateLimit-Policy"] = policy
+            out["RateLimit"] = f'"{self.quota_type.value}";r={r};t={t}'
         return out
+
+
+_POLICIES: dict[tuple[QuotaType, float, int, int], tuple[str, int]] = {}
+_POLICIES_MAX: Final = 1024  # distinct (type, limit, config): configured quotas, not callers
+
+
+def _rate_limit_policy(quota_type: QuotaType, limit: float, config: QuotaConfig) -> tuple[str, int]:
+    """The ``RateLimit-Policy`` value of a byte quota and its ``q``: the same for every answer
+    under that quota, so formatted once (it was ~1 µs of every throttled-path answer)."""
+    key = (quota_type, limit, config.window_num, config.window_size_ms)
+    hit = _POLICIES.get(key)
+    if hit is None:
+        w = max((config.window_num - 1) * config.window_size_ms // 1000, 1)
+        q = int(limit * w)
+        hit = (f'"{quota_type.value}";q={q};qu="{_QUOTA_UNITS[quota_type]}";w={w}', q)
+        if len(_POLICIES) >= _POLICIES_MAX:
+            _POLICIES.clear()
+        _POLICIES[key] = hit
+    return hit
 
 
 class QuotaSensors:
@@ -549,13 +565,14 @@ class QuotaSensors:
 
     def sensor(self, quota_type: QuotaType, key: tuple[str, str], now_ms: int) -> RateSensor:
         sensors = self._sensors
-        entry = sensors.get((quota_type, key))
+        k = (quota_type, key)
+        entry = sensors.get(k)
         if entry is None:
             sensor = RateSensor(self.config)
         else:
             sensor = entry[0]
-            sensors.move_to_end((quota_type, key))  # most recently used last
-        sensors[(quota_type, key)] = (sensor, now_ms)
+            sensors.move_to_end(k)  # most recently used last
+        sensors[k] = (sensor, now_ms)
         while sensors:
             (_, (_, last_ms)) = next(iter(self._sensors.items()))
             if len(self._sensors) <= self._max and now_ms - last_ms < self._idle_ms:
