@@ -207,6 +207,14 @@ def sanity(brokers: dict[str, Broker]) -> None:
     with a throttle time of 0; the benchmark user may write its topics."""
     small = loads()["small"].body
     ct = {"Content-Type": "application/json"}
+    for name, b in brokers.items():
+        # BrokerProcess picks its port before the child binds it: with other work on the
+        # machine starting brokers too, another process can take the port first, answer the
+        # readiness probe, and be measured instead (suspected in one trial run whose check
+        # below got 404 where 403 was due; not reproduced).
+        assert b.process.proc is not None
+        if b.process.proc.poll() is not None:
+            raise RuntimeError(f"{name}: the broker exited: {b.process.log()[-2000:]}")
     for name in ("auth", "auth_quota"):
         b = brokers[name]
         path = "/v1/topics/secret-4/records"  # a DENY WRITE literal ACL of bench_acls
@@ -449,6 +457,10 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Figure], dict[str
                 rounds[kind].append(row)
                 cpu_rounds[kind].append(cpu_row)
         extra["throttled_ms"] = throttled_ms(brokers["auth_quota"])
+        for name, b in brokers.items():
+            assert b.process.proc is not None
+            if b.process.proc.poll() is not None:
+                raise RuntimeError(f"{name}: the broker exited during the run")
     if extra["throttled_ms"]:
         print(
             f"WARNING: the quota throttled for {extra['throttled_ms']:.0f} ms: "
