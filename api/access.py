@@ -25,6 +25,10 @@ Kafka's metadata, delete and config requests do), so its existence does not leak
 WebSocket is accepted and closed at once with 4401 or 4403 and a reason (a browser sees no
 status of a refused upgrade).
 
+A request that sends no credential over a TLS connection whose client certificate was
+verified (``ssl_client_auth``) is the certificate's user (:func:`api.connections.peer_user`),
+as Kafka's SSL listener makes the subject the principal; a header or token sent with it wins.
+
 Forwarded requests: a broker passing a request on (:mod:`api.proxy`) sends the cluster
 credential (:mod:`cluster.interbroker`) and the original principal in ``Logbus-Principal``.
 That header is believed only with a valid credential; from anyone else it is removed before
@@ -49,7 +53,7 @@ from auth_quotas.acl import (
     authorization_error,
     validate_principal,
 )
-from auth_quotas.credentials import Identity
+from auth_quotas.credentials import PEER_USER_SCOPE_KEY, Identity
 from auth_quotas.errors import (
     AuthenticationError,
     InvalidAclError,
@@ -348,6 +352,10 @@ class Access:
         query_token = None
         if not authorization and method in ("GET", "WEBSOCKET"):
             query_token = _query_token(scope)
+        if not authorization and not query_token:
+            peer = scope.get(PEER_USER_SCOPE_KEY)  # a verified client certificate's (mTLS)
+            if peer is not None:
+                return Identity(peer, "mtls")
         identity = await security.authenticate(authorization, query_token)
         if identity.topics is not None and method not in ("GET", "WEBSOCKET"):
             raise InvalidCredentialsError("a scoped token only reads (GET, WebSocket)")

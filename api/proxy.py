@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -81,10 +82,19 @@ class Target:
 
 
 class Proxy:
-    def __init__(self, broker: Broker, max_wait_ms: int, security: Security | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        max_wait_ms: int,
+        security: Security | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """``tls``: how to reach peers whose client listener serves TLS (their CA, and this
+        broker's certificate to present where they require one)."""
         self.broker = broker
         self.security = security
         self.client = httpx.AsyncClient(
+            verify=tls if tls is not None else True,
             timeout=httpx.Timeout(
                 CONNECT_TIMEOUT_S, read=max_wait_ms / 1000 + READ_MARGIN_S, pool=CONNECT_TIMEOUT_S
             ),

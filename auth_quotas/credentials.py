@@ -636,6 +636,10 @@ def _dn_value(value: str) -> str:
     return escaped
 
 
+# Where the server puts a request's verified client-certificate user in its ASGI scope.
+PEER_USER_SCOPE_KEY = "logbus.peer_user"
+
+
 def user_from_peercert(cert: Mapping[str, Any], rule: Literal["dn", "cn"] = "dn") -> str:
     """The user name of a verified client certificate (``ssl.SSLSocket.getpeercert()``).
 
@@ -661,6 +665,7 @@ def user_from_peercert(cert: Mapping[str, Any], rule: Literal["dn", "cn"] = "dn"
 __all__ = [
     "API_KEY_PREFIX",
     "JWT_ALGORITHMS_DEFAULT",
+    "PEER_USER_SCOPE_KEY",
     "SCOPED_TOKEN_PREFIX",
     "ApiKeyVerifier",
     "AuthenticationError",
