@@ -64,14 +64,15 @@ from cluster.interbroker import HEADER as CREDENTIAL_HEADER
 from core_log.errors import ErrorCode, LogbusError, UnknownTopicOrPartitionError
 
 from .problems import PROBLEM_JSON, problem_bytes
-from .security import ANONYMOUS_IDENTITY, PRINCIPAL_HEADER, Security
+from .security import ANONYMOUS_IDENTITY, PRINCIPAL_HEADER, PRINCIPAL_TOPICS_HEADER, Security
 
 IDENTITY_KEY: Final = "logbus.identity"
 CLOSE_UNAUTHENTICATED: Final = 4401
 CLOSE_FORBIDDEN: Final = 4403
 _CREDENTIAL = CREDENTIAL_HEADER.encode()
 _PRINCIPAL = PRINCIPAL_HEADER.encode()
-_BROKER_ONLY: Final = frozenset({_PRINCIPAL, b"logbus-forwarded-by"})
+_PRINCIPAL_TOPICS = PRINCIPAL_TOPICS_HEADER.encode()
+_BROKER_ONLY: Final = frozenset({_PRINCIPAL, _PRINCIPAL_TOPICS, b"logbus-forwarded-by"})
 
 
 class Kind(enum.Enum):
@@ -336,6 +337,7 @@ class Access:
         authorization: str | None = None
         credential: bytes | None = None
         principal: bytes | None = None
+        topics: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
@@ -343,8 +345,10 @@ class Access:
                 credential = value
             elif name == _PRINCIPAL:
                 principal = value
+            elif name == _PRINCIPAL_TOPICS:
+                topics = value
         if credential is not None:
-            return _forwarded(security, credential, principal)
+            return _forwarded(security, credential, principal, topics)
         # Only a broker may say on whose behalf it asks, or that it forwards a request (which
         # the quota gate then does not measure again: api.quota_gate.forwarded).
         if any(k in _BROKER_ONLY for k, _ in scope["headers"]):  # rare: copy only then
@@ -362,16 +366,21 @@ class Access:
         return identity
 
 
-def _forwarded(security: Security, credential: bytes, principal: bytes | None) -> Identity:
+def _forwarded(
+    security: Security, credential: bytes, principal: bytes | None, topics: bytes | None
+) -> Identity:
+    """A broker's request on behalf of ``principal`` (limited to ``topics`` when the original
+    credential was a scoped token)."""
     if security.credential is None or not security.credential.valid(credential):
         raise InvalidCredentialsError("not a valid cluster credential")
     if principal is None:
         raise InvalidCredentialsError("a forwarded request names its principal")
     try:
         text = validate_principal(principal.decode("utf-8"))
+        scoped = None if topics is None else frozenset(topics.decode("utf-8").split(","))
     except (InvalidAclError, UnicodeDecodeError):
         raise InvalidCredentialsError("a forwarded request's principal is not valid") from None
-    return Identity(text.partition(":")[2], "internal")
+    return Identity(text.partition(":")[2], "internal", topics=scoped)
 
 
 def _query_token(scope: Scope) -> str | None:

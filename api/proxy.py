@@ -41,7 +41,7 @@ from core_log.errors import ErrorCode, LogbusError
 
 from . import guard
 from .access import identity_of
-from .security import PRINCIPAL_HEADER, Security
+from .security import PRINCIPAL_HEADER, PRINCIPAL_TOPICS_HEADER, Security
 
 _GROUP = re.compile(r"^/v1/groups/([^/]+)(?:/.*)?$")
 _MEMBER_SSE = re.compile(r"^/v1/groups/[^/]+/members/[^/]+/records/?$")
@@ -137,10 +137,15 @@ class Proxy:
         value = credential.value() if credential is not None else None
         if value is None:
             return []
-        return [
+        identity = identity_of(scope)
+        headers = [
             (CREDENTIAL_HEADER.encode(), value.encode()),
-            (PRINCIPAL_HEADER.encode(), identity_of(scope).principal.encode()),
+            (PRINCIPAL_HEADER.encode(), identity.principal.encode()),
         ]
+        if identity.topics is not None:  # a scoped token: the target limits it the same
+            topics = ",".join(sorted(identity.topics)).encode()
+            headers.append((PRINCIPAL_TOPICS_HEADER.encode(), topics))
+        return headers
 
     async def ask(
         self,

@@ -108,6 +108,9 @@ BOOTSTRAP_USER: Final = "admin"
 # The header a forwarding broker names the original principal in; trusted only together with a
 # valid cluster credential (api.access strips it otherwise).
 PRINCIPAL_HEADER: Final = "logbus-principal"
+# With it, for a scoped token's request: the token's topics (comma-separated; topic names hold
+# no comma), so the target limits the forwarded request as the token is limited here.
+PRINCIPAL_TOPICS_HEADER: Final = "logbus-principal-topics"
 # What a scoped token may do besides its topics' read/describe: join and read as a group
 # member (an SSE member stream). Nothing else: no writes, no admin.
 _SCOPED_OPERATIONS: Final = frozenset({Operation.READ, Operation.DESCRIBE})

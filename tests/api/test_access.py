@@ -352,6 +352,33 @@ def test_forwarded_principal_header_is_not_trusted_from_users(broker: Broker) ->
     assert r.status_code == 401
 
 
+def test_a_forwarded_scoped_token_keeps_its_topic_limit(broker: Broker) -> None:
+    """A broker forwarding a scoped token's request names the token's topics with the
+    principal; the target limits the request to them (not to the user's full ACLs)."""
+    b = broker
+    credential = b.c.app.app.state.logbus.security.credential.value()
+    forwarded = {"Logbus-Cluster-Credential": credential, "Logbus-Principal": "User:alice"}
+    b.grant(("read", "topic", TOPIC), ("read", "topic", "del"))
+    try:
+        for topic in (TOPIC, "del"):  # as the user: both
+            path = f"/v1/topics/{topic}/partitions/0/records?offset=0"
+            assert b.c.get(path, headers=forwarded).status_code == 200
+        scoped = {**forwarded, "Logbus-Principal-Topics": TOPIC}
+        ok = b.c.get(f"/v1/topics/{TOPIC}/partitions/0/records?offset=0", headers=scoped)
+        other = b.c.get("/v1/topics/del/partitions/0/records?offset=0", headers=scoped)
+        write = b.c.post(f"/v1/topics/{TOPIC}/records", json=RECORDS, headers=scoped)
+        # From a user, the header is dropped (it could only narrow, but is a broker's word).
+        own = b.c.get(
+            "/v1/topics/del/partitions/0/records?offset=0",
+            headers={**b.alice, "Logbus-Principal-Topics": TOPIC},
+        )
+    finally:
+        b.revoke_all()
+    assert ok.status_code == 200, ok.text
+    assert other.status_code == 403 and write.status_code == 403, (other.text, write.text)
+    assert own.status_code == 200, own.text
+
+
 def test_a_user_saying_forwarded_is_still_measured_by_its_quota(broker: Broker) -> None:
     """Logbus-Forwarded-By exempts a request from the quota gate (it was measured where it
     came in), so, like Logbus-Principal, only a broker with the cluster credential may send it."""
