@@ -70,6 +70,7 @@ from auth_quotas.credentials import (
     BasicCredentials,
     Identity,
     JwtValidator,
+    KeyFailureLimiter,
     ScopedTokenSigner,
     StoredKey,
     default_hasher,
@@ -103,6 +104,7 @@ ANONYMOUS: Final = "ANONYMOUS"
 # Decisions remembered until the next snapshot: (principal, operation, resource) triples a
 # broker sees; ~150 bytes each, so the cap is ~15 MB at worst (cleared when reached).
 DECISION_CACHE_ENTRIES: Final = 100_000
+MAX_CONCURRENT_HASHES: Final = 1
 ANONYMOUS_IDENTITY: Final = Identity(ANONYMOUS, "internal")
 BOOTSTRAP_USER: Final = "admin"
 # The header a forwarding broker names the original principal in; trusted only together with a
@@ -176,6 +178,11 @@ class Security:
         self.allow_everyone = settings.allow_everyone_if_no_acl_found
         self.hasher = hasher_factory()
         self.verifier = ApiKeyVerifier(self.hasher)
+        # Guessing a known key id's secret: see auth_quotas.credentials.KEY_FAILURES_MAX.
+        self.key_failures = KeyFailureLimiter()
+        # argon2 verifications at once (~0.1 s of a core each): a burst of new connections
+        # with un-cached keys queues here instead of taking every core from the event loop.
+        self._hashing = asyncio.Semaphore(MAX_CONCURRENT_HASHES)
         self.now_ms = now_ms
         self.acls: AclSet = AclSet()
         self.keys: dict[str, StoredKey] = {}
@@ -354,9 +361,20 @@ class Security:
         key_id = parse_api_key(token)
         epoch = self.verifier.epoch
         stored = self.keys.get(key_id)
-        if stored is None:
-            raise InvalidCredentialsError("unknown or revoked API key")
-        identity = await asyncio.to_thread(self.verifier.check, token, stored)
+        if stored is None or self.key_failures.blocked(key_id, now):
+            raise InvalidCredentialsError("unknown or revoked API key")  # no hash
+        async with self._hashing:
+            # Many connections of one client arrive at once (a restart): the first verifies,
+            # the others find it cached here instead of hashing in turn.
+            hit = self.verifier.cached(token, now)
+            if hit is not None:
+                return hit
+            try:
+                identity = await asyncio.to_thread(self.verifier.check, token, stored)
+            except InvalidCredentialsError:
+                self.key_failures.failed(key_id, self.now_ms())
+                raise
+        self.key_failures.succeeded(key_id)
         self.verifier.remember(token, identity, now, epoch=epoch)
         return identity
 

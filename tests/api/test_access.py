@@ -31,7 +31,7 @@ from api.access_log import AccessLog
 from api.app import create_app, create_fastapi
 from api.settings import Settings
 from auth_quotas.acl import ResourceType
-from auth_quotas.credentials import generate_api_key
+from auth_quotas.credentials import KEY_FAILURES_MAX, generate_api_key
 
 with warnings.catch_warnings():  # starlette asks for httpx2; the httpx it still supports is here
     warnings.simplefilter("ignore")
@@ -358,18 +358,20 @@ def test_a_forwarded_scoped_token_keeps_its_topic_limit(broker: Broker) -> None:
     b = broker
     credential = b.c.app.app.state.logbus.security.credential.value()
     forwarded = {"Logbus-Cluster-Credential": credential, "Logbus-Principal": "User:alice"}
-    b.grant(("read", "topic", TOPIC), ("read", "topic", "del"))
+    r = b.c.post("/v1/topics", json={"name": "fwd-other"}, headers=b.admin)
+    assert r.status_code in (201, 409), r.text
+    b.grant(("read", "topic", TOPIC), ("read", "topic", "fwd-other"))
     try:
-        for topic in (TOPIC, "del"):  # as the user: both
+        for topic in (TOPIC, "fwd-other"):  # as the user: both
             path = f"/v1/topics/{topic}/partitions/0/records?offset=0"
             assert b.c.get(path, headers=forwarded).status_code == 200
         scoped = {**forwarded, "Logbus-Principal-Topics": TOPIC}
         ok = b.c.get(f"/v1/topics/{TOPIC}/partitions/0/records?offset=0", headers=scoped)
-        other = b.c.get("/v1/topics/del/partitions/0/records?offset=0", headers=scoped)
+        other = b.c.get("/v1/topics/fwd-other/partitions/0/records?offset=0", headers=scoped)
         write = b.c.post(f"/v1/topics/{TOPIC}/records", json=RECORDS, headers=scoped)
         # From a user, the header is dropped (it could only narrow, but is a broker's word).
         own = b.c.get(
-            "/v1/topics/del/partitions/0/records?offset=0",
+            "/v1/topics/fwd-other/partitions/0/records?offset=0",
             headers={**b.alice, "Logbus-Principal-Topics": TOPIC},
         )
     finally:
@@ -444,6 +446,44 @@ def test_bad_admin_input_is_400(broker: Broker) -> None:
     for body in tokens:
         r = b.c.post("/v1/tokens", json=body, headers=b.admin)
         assert r.status_code == 400, (body, r.text)
+
+
+def test_guessing_a_known_key_ids_secret_is_cut_off_without_hashing(broker: Broker) -> None:
+    """Brute force: after KEY_FAILURES_MAX wrong secrets for one key id, its un-cached
+    presentations are refused without an argon2 hash (even the right one, until the window
+    ends); a key already verified (a client's live sessions) keeps working."""
+    b = broker
+    security = b.c.app.app.state.logbus.security
+    verifier = security.verifier
+    r = b.c.post("/v1/users/alice/keys", json={"description": "target"}, headers=b.admin)
+    assert r.status_code == 201
+    key, key_id = r.json()["key"], r.json()["key_id"]
+    prefix = key.rsplit(".", 1)[0]
+    hashes = 0
+    check = verifier.check
+
+    def counting(token: str, stored: Any) -> Any:
+        nonlocal hashes
+        hashes += 1
+        return check(token, stored)
+
+    verifier.check = counting
+    try:
+        assert b.c.get("/v1/whoami", headers=b.alice).status_code == 200  # cached before
+        for _ in range(KEY_FAILURES_MAX):
+            guess = f"{prefix}.{generate_api_key().token.rsplit('.', 1)[1]}"
+            assert b.c.get("/v1/whoami", headers=_bearer(guess)).status_code == 401
+        assert hashes == KEY_FAILURES_MAX
+        for token in (f"{prefix}.{'A' * 43}", key):  # blocked: no hash, the right key too
+            r = b.c.get("/v1/whoami", headers=_bearer(token))
+            assert r.status_code == 401 and r.json()["code"] == "SASL_AUTHENTICATION_FAILED"
+        assert hashes == KEY_FAILURES_MAX
+        assert b.c.get("/v1/whoami", headers=b.alice).status_code == 200  # other ids: fine
+        security.key_failures.succeeded(key_id)  # as the window's end does
+        assert b.c.get("/v1/whoami", headers=_bearer(key)).status_code == 200
+    finally:
+        verifier.check = check
+        b.c.request("DELETE", f"/v1/users/alice/keys/{key_id}", headers=b.admin)
 
 
 def test_key_listing_never_shows_hashes(broker: Broker) -> None:
