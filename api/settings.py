@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     # The first admin's API key for automation (lbk.<16 hex>.<43 base64url>; `logbus keys`
     # format). Used only when auth is on and the store has no user yet.
     bootstrap_key: str | None = None
+    # The same read from a file (a Docker or Kubernetes secret); bootstrap_key wins.
+    bootstrap_key_file: Path | None = None
     # Kafka's super.users: principals allowed everything, "User:a;User:b".
     super_users: SemicolonList = []
     # Kafka's allow.everyone.if.no.acl.found: a resource no ACL names is open to everyone.
@@ -200,6 +202,16 @@ class Settings(BaseSettings):
         given = [self.jwt_issuer, self.jwt_audience, self.jwt_jwks_file]
         if any(v is not None for v in given) and not all(v is not None for v in given):
             raise ValueError("jwt_issuer, jwt_audience and jwt_jwks_file go together")
+        return self
+
+    @model_validator(mode="after")
+    def _bootstrap_key_from_file(self) -> Settings:
+        if self.bootstrap_key is None and self.bootstrap_key_file is not None:
+            try:
+                text = self.bootstrap_key_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"bootstrap_key_file: cannot read it: {e}") from None
+            self.bootstrap_key = Settings._bootstrap_key(text)
         return self
 
     @model_validator(mode="after")

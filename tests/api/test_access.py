@@ -605,6 +605,21 @@ def test_auth_off_is_anonymous_and_admin_routes_work(tmp_path: Path) -> None:
         assert [u["name"] for u in c.get("/v1/users").json()["users"]] == ["carol"]
 
 
+def test_bootstrap_key_from_a_file(tmp_path: Path) -> None:
+    """LOGBUS_BOOTSTRAP_KEY_FILE (a Docker secret): the first admin's key read from a file."""
+    key = generate_api_key().token
+    secret = tmp_path / "bootstrap_key"
+    secret.write_text(key + "\n")
+    with TestClient(
+        _app(tmp_path / "data", auth=True, bootstrap_key_file=secret), base_url=BASE
+    ) as c:
+        r = c.get("/v1/whoami", headers=_bearer(key))
+        assert r.status_code == 200 and r.json()["principal"] == "User:admin", r.text
+    secret.write_text("not a key")
+    with pytest.raises(ValueError, match="bootstrap_key: expected an API key"):
+        Settings(data_dir=tmp_path / "d2", auth=True, bootstrap_key_file=secret)
+
+
 def test_jwt_bearer(tmp_path: Path) -> None:
     """JWTs from a configured issuer: the subject is the principal; expired, forged,
     wrong-audience, unsigned and oversized ones are 401."""
