@@ -38,7 +38,7 @@ the request goes further, and a bad credential is a 401.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import parse_qsl
@@ -194,10 +194,7 @@ TABLE: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/v1/quotas"): cluster(Op.DESCRIBE_CONFIGS),
     ("DELETE", "/v1/quotas"): cluster(Op.ALTER_CONFIGS),
     ("GET", "/v1/whoami"): AUTHENTICATED,
-    ("WEBSOCKET", "/v1/ws"): authenticated(
-        "per message: subscribe READ topic, join READ group and topics, commit READ group, "
-        "produce WRITE topic"
-    ),
+    ("WEBSOCKET", "/v1/ws"): authenticated("per message: see WS_MESSAGES"),
     ("GET", "/metrics"): cluster(Op.DESCRIBE),  # labels name topics
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
@@ -206,6 +203,37 @@ TABLE: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/redoc"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,
 }
+# What each WebSocket message needs, on the resources it names (api.ws checks them per
+# message with :func:`ws_requirements`; a message type missing here fails
+# tests/api/test_access.py). Kafka's: a subscription or a group member fetches (READ topic,
+# READ group), a commit is an OffsetCommit (READ group and topics), a produce WRITE.
+WS_MESSAGES: Final[dict[str, tuple[tuple[Op, ResourceType], ...]]] = {
+    "subscribe": ((Op.READ, ResourceType.TOPIC),),
+    "join": ((Op.READ, ResourceType.GROUP), (Op.READ, ResourceType.TOPIC)),
+    "commit": ((Op.READ, ResourceType.GROUP), (Op.READ, ResourceType.TOPIC)),
+    "produce": ((Op.WRITE, ResourceType.TOPIC),),
+    "credit": (),
+    "ack": (),
+    "unsubscribe": (),
+    "ping": (),
+}
+
+
+def ws_requirements(
+    message: str, topics: Iterable[str] = (), group: str | None = None
+) -> list[tuple[Op, Resource]]:
+    """The (operation, resource) pairs a WebSocket ``message`` naming ``topics`` and
+    ``group`` needs, in a stable order (group first, then topics by name)."""
+    needed = []
+    for op, resource_type in WS_MESSAGES[message]:
+        if resource_type is ResourceType.GROUP:
+            names = [] if group is None else [group]
+        else:
+            names = sorted(set(topics))
+        needed += [(op, Resource(resource_type, name)) for name in names]
+    return needed
+
+
 # Mounted static files (the offline docs UI's scripts): public, by prefix.
 PUBLIC_PREFIXES: Final = ("/static-offline-docs/",)
 # Requests no template matches (404/405 from the app) still need a credential: an

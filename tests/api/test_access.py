@@ -81,6 +81,12 @@ class Broker:
         assert r.status_code == 200, r.text
 
 
+def _state(b: Broker) -> Any:
+    """The in-process broker's AppState (its Security, for tests that look inside)."""
+    app: Any = b.c.app
+    return app.app.state.logbus
+
+
 def _app(data_dir: Path, **settings: Any) -> Any:
     fast = create_app(Settings(data_dir=data_dir, loop_lag_interval_ms=0, **settings))
     app: Any = fast.app
@@ -356,7 +362,7 @@ def test_a_forwarded_scoped_token_keeps_its_topic_limit(broker: Broker) -> None:
     """A broker forwarding a scoped token's request names the token's topics with the
     principal; the target limits the request to them (not to the user's full ACLs)."""
     b = broker
-    credential = b.c.app.app.state.logbus.security.credential.value()
+    credential = _state(b).security.credential.value()
     forwarded = {"Logbus-Cluster-Credential": credential, "Logbus-Principal": "User:alice"}
     r = b.c.post("/v1/topics", json={"name": "fwd-other"}, headers=b.admin)
     assert r.status_code in (201, 409), r.text
@@ -453,7 +459,7 @@ def test_guessing_a_known_key_ids_secret_is_cut_off_without_hashing(broker: Brok
     presentations are refused without an argon2 hash (even the right one, until the window
     ends); a key already verified (a client's live sessions) keeps working."""
     b = broker
-    security = b.c.app.app.state.logbus.security
+    security = _state(b).security
     verifier = security.verifier
     r = b.c.post("/v1/users/alice/keys", json={"description": "target"}, headers=b.admin)
     assert r.status_code == 201
@@ -535,6 +541,58 @@ def test_websocket_refusals(broker: Broker) -> None:
         ws.send_json({"op": "subscribe", "topics": [TOPIC]})
         ws.receive_text()
     assert e.value.code == 4403
+
+
+# One sample of each WebSocket message that names resources (see access.WS_MESSAGES): the
+# message, and the topics and group it names.
+WS_SAMPLES: dict[str, tuple[dict[str, Any], list[str], str | None]] = {
+    "subscribe": ({"op": "subscribe", "topics": [TOPIC]}, [TOPIC], None),
+    "join": ({"op": "join", "group": "wsg", "topics": [TOPIC]}, [TOPIC], "wsg"),
+    "commit": ({"op": "commit", "group": "wsg", "offsets": OFFSET0["offsets"]}, [TOPIC], "wsg"),
+    "produce": ({"op": "produce", "topic": TOPIC, "records": [{"value": 1}]}, [TOPIC], None),
+}
+
+
+def test_every_websocket_message_is_declared() -> None:
+    from api import ws_protocol
+
+    tags = {cls.__struct_config__.tag for cls in ws_protocol._Op.__subclasses__()}
+    assert tags == set(access.WS_MESSAGES), "a WebSocket message without an access rule"
+    assert {m for m, needs in access.WS_MESSAGES.items() if needs} == set(WS_SAMPLES)
+
+
+@pytest.mark.parametrize("message", sorted(WS_SAMPLES))
+def test_websocket_message_matrix(broker: Broker, message: str) -> None:
+    """Each message: refused without the ACLs WS_MESSAGES names (4403 for a subscription or
+    join, an error answer otherwise), served with exactly them."""
+    b = broker
+    body, topics, group = WS_SAMPLES[message]
+    sample = {**body, "id": 7}
+    needs = access.ws_requirements(message, topics, group)
+    assert needs
+
+    def answer() -> tuple[str, Any]:
+        try:
+            with _ws(b, WS, b.alice) as ws:
+                ws.send_json(sample)
+                while True:
+                    doc = ws.receive_json()
+                    if doc.get("id") == 7 or doc["type"] == "error":
+                        return doc["type"], doc
+        except WebSocketDisconnect as e:
+            return "closed", e.code
+
+    b.revoke_all()
+    kind, doc = answer()
+    assert (kind, doc) == ("closed", 4403) or (
+        kind == "error" and doc["code"].endswith("_AUTHORIZATION_FAILED")
+    ), (kind, doc)
+    b.grant(*[(op.value, r.type.value, r.name) for op, r in needs])
+    try:
+        kind, doc = answer()
+    finally:
+        b.revoke_all()
+    assert kind not in ("closed", "error"), (kind, doc)
 
 
 def test_revoked_key_closes_its_websocket(broker: Broker) -> None:
