@@ -163,6 +163,30 @@ def test_removed_group_acl_ends_a_member_stream(broker: Cluster) -> None:
     assert error["status"] == 403 and error["code"] == "GROUP_AUTHORIZATION_FAILED", error
 
 
+def test_sse_refusals_matrix(broker: Cluster) -> None:
+    """Both SSE routes: no credential, a bad one, a principal without the ACL, one with it →
+    401 / 401 / 403 / a stream, as the route matrix of tests/api/test_access.py for HTTP."""
+    c = broker
+    dave = c.user("sse-d")
+    r = httpx.post(f"{c.url}/v1/groups/g-sse-d/members", json={"topics": ["s1"]}, headers=c.admin)
+    assert r.status_code in (200, 201), r.text
+    member = r.json()["member_id"]
+    paths = {
+        "/v1/topics/s1/partitions/0/records?offset=0": [("read", "topic", "s1")],
+        f"/v1/groups/g-sse-d/members/{member}/records": [("read", "group", "g-sse-d")],
+    }
+    bad = {"authorization": "Bearer lbk.0123456789abcdef." + "A" * 43}
+    for path, acls in paths.items():
+        statuses = [
+            httpx.get(c.url + path, headers={**SSE, **h}, timeout=10).status_code
+            for h in ({}, bad, dave)
+        ]
+        assert statuses == [401, 401, 403], (path, statuses)
+        c.grant("sse-d", *acls)
+        with httpx.stream("GET", c.url + path, headers={**SSE, **dave}, timeout=10) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith(SSE["accept"])
+
+
 # -- guarded() on its own: expiry and a parked stream -----------------------------------------
 
 
