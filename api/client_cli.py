@@ -510,12 +510,11 @@ def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 
 def _auth_hint(args: argparse.Namespace, status: int) -> str:
-    """After a 401: whether a key was sent (never the key), and how to give one."""
-    if status != 401:
+    """After a 401 without a key: how to give one (the broker's own text says what was wrong
+    with a key that was sent; the key itself is never printed)."""
+    if status != 401 or getattr(args, "api_key", None) is not None:
         return ""
-    if getattr(args, "api_key", None) is None:
-        return " (no API key given: --api-key, --api-key-file or $LOGBUS_API_KEY)"
-    return " (the API key given was refused: unknown, revoked, expired or mistyped)"
+    return " (no API key given: --api-key, --api-key-file or $LOGBUS_API_KEY)"
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
