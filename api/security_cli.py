@@ -27,30 +27,19 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
+from auth_quotas.acl import Operation, PatternType, Permission, ResourceType
+from auth_quotas.quotas import QuotaType
+
 from . import client_cli as cli
 
 DEFAULT_ENTITY = "<default>"  # Kafka's default quota entity, as the broker stores it
 
-RESOURCE_TYPES = ("topic", "group", "cluster", "transactional_id")
-PATTERNS = ("literal", "prefixed")
-OPERATIONS = (
-    "read",
-    "write",
-    "create",
-    "delete",
-    "alter",
-    "describe",
-    "describe_configs",
-    "alter_configs",
-    "all",
-)
-PERMISSIONS = ("allow", "deny")
-QUOTA_TYPES = (
-    "producer_byte_rate",
-    "consumer_byte_rate",
-    "request_percentage",
-    "controller_mutation_rate",
-)
+# The broker's own vocabularies (one definition: auth_quotas), for argparse's choices.
+RESOURCE_TYPES = tuple(t.value for t in ResourceType)
+PATTERNS = tuple(p.value for p in PatternType)
+OPERATIONS = tuple(o.value for o in Operation)
+PERMISSIONS = tuple(p.value for p in Permission)
+QUOTA_TYPES = tuple(q.value for q in QuotaType)
 
 
 def add_security(
