@@ -25,6 +25,10 @@ Kafka's metadata, delete and config requests do), so its existence does not leak
 WebSocket is accepted and closed at once with 4401 or 4403 and a reason (a browser sees no
 status of a refused upgrade).
 
+A request that sends no credential over a TLS connection whose client certificate was
+verified (``ssl_client_auth``) is the certificate's user (:func:`api.connections.peer_user`),
+as Kafka's SSL listener makes the subject the principal; a header or token sent with it wins.
+
 Forwarded requests: a broker passing a request on (:mod:`api.proxy`) sends the cluster
 credential (:mod:`cluster.interbroker`) and the original principal in ``Logbus-Principal``.
 That header is believed only with a valid credential; from anyone else it is removed before
@@ -34,7 +38,7 @@ the request goes further, and a bad credential is a 401.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import parse_qsl
@@ -49,7 +53,7 @@ from auth_quotas.acl import (
     authorization_error,
     validate_principal,
 )
-from auth_quotas.credentials import Identity
+from auth_quotas.credentials import PEER_USER_SCOPE_KEY, Identity
 from auth_quotas.errors import (
     AuthenticationError,
     InvalidAclError,
@@ -60,14 +64,15 @@ from cluster.interbroker import HEADER as CREDENTIAL_HEADER
 from core_log.errors import ErrorCode, LogbusError, UnknownTopicOrPartitionError
 
 from .problems import PROBLEM_JSON, problem_bytes
-from .security import ANONYMOUS_IDENTITY, PRINCIPAL_HEADER, Security
+from .security import ANONYMOUS_IDENTITY, PRINCIPAL_HEADER, PRINCIPAL_TOPICS_HEADER, Security
 
 IDENTITY_KEY: Final = "logbus.identity"
 CLOSE_UNAUTHENTICATED: Final = 4401
 CLOSE_FORBIDDEN: Final = 4403
 _CREDENTIAL = CREDENTIAL_HEADER.encode()
 _PRINCIPAL = PRINCIPAL_HEADER.encode()
-_BROKER_ONLY: Final = frozenset({_PRINCIPAL, b"logbus-forwarded-by"})
+_PRINCIPAL_TOPICS = PRINCIPAL_TOPICS_HEADER.encode()
+_BROKER_ONLY: Final = frozenset({_PRINCIPAL, _PRINCIPAL_TOPICS, b"logbus-forwarded-by"})
 
 
 class Kind(enum.Enum):
@@ -189,10 +194,7 @@ TABLE: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/v1/quotas"): cluster(Op.DESCRIBE_CONFIGS),
     ("DELETE", "/v1/quotas"): cluster(Op.ALTER_CONFIGS),
     ("GET", "/v1/whoami"): AUTHENTICATED,
-    ("WEBSOCKET", "/v1/ws"): authenticated(
-        "per message: subscribe READ topic, join READ group and topics, commit READ group, "
-        "produce WRITE topic"
-    ),
+    ("WEBSOCKET", "/v1/ws"): authenticated("per message: see WS_MESSAGES"),
     ("GET", "/metrics"): cluster(Op.DESCRIBE),  # labels name topics
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
@@ -201,6 +203,37 @@ TABLE: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/redoc"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,
 }
+# What each WebSocket message needs, on the resources it names (api.ws checks them per
+# message with :func:`ws_requirements`; a message type missing here fails
+# tests/api/test_access.py). Kafka's: a subscription or a group member fetches (READ topic,
+# READ group), a commit is an OffsetCommit (READ group and topics), a produce WRITE.
+WS_MESSAGES: Final[dict[str, tuple[tuple[Op, ResourceType], ...]]] = {
+    "subscribe": ((Op.READ, ResourceType.TOPIC),),
+    "join": ((Op.READ, ResourceType.GROUP), (Op.READ, ResourceType.TOPIC)),
+    "commit": ((Op.READ, ResourceType.GROUP), (Op.READ, ResourceType.TOPIC)),
+    "produce": ((Op.WRITE, ResourceType.TOPIC),),
+    "credit": (),
+    "ack": (),
+    "unsubscribe": (),
+    "ping": (),
+}
+
+
+def ws_requirements(
+    message: str, topics: Iterable[str] = (), group: str | None = None
+) -> list[tuple[Op, Resource]]:
+    """The (operation, resource) pairs a WebSocket ``message`` naming ``topics`` and
+    ``group`` needs, in a stable order (group first, then topics by name)."""
+    needed = []
+    for op, resource_type in WS_MESSAGES[message]:
+        if resource_type is ResourceType.GROUP:
+            names = [] if group is None else [group]
+        else:
+            names = sorted(set(topics))
+        needed += [(op, Resource(resource_type, name)) for name in names]
+    return needed
+
+
 # Mounted static files (the offline docs UI's scripts): public, by prefix.
 PUBLIC_PREFIXES: Final = ("/static-offline-docs/",)
 # Requests no template matches (404/405 from the app) still need a credential: an
@@ -332,6 +365,7 @@ class Access:
         authorization: str | None = None
         credential: bytes | None = None
         principal: bytes | None = None
+        topics: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
@@ -339,8 +373,10 @@ class Access:
                 credential = value
             elif name == _PRINCIPAL:
                 principal = value
+            elif name == _PRINCIPAL_TOPICS:
+                topics = value
         if credential is not None:
-            return _forwarded(security, credential, principal)
+            return _forwarded(security, credential, principal, topics)
         # Only a broker may say on whose behalf it asks, or that it forwards a request (which
         # the quota gate then does not measure again: api.quota_gate.forwarded).
         if any(k in _BROKER_ONLY for k, _ in scope["headers"]):  # rare: copy only then
@@ -348,22 +384,31 @@ class Access:
         query_token = None
         if not authorization and method in ("GET", "WEBSOCKET"):
             query_token = _query_token(scope)
+        if not authorization and not query_token:
+            peer = scope.get(PEER_USER_SCOPE_KEY)  # a verified client certificate's (mTLS)
+            if peer is not None:
+                return Identity(peer, "mtls")
         identity = await security.authenticate(authorization, query_token)
         if identity.topics is not None and method not in ("GET", "WEBSOCKET"):
             raise InvalidCredentialsError("a scoped token only reads (GET, WebSocket)")
         return identity
 
 
-def _forwarded(security: Security, credential: bytes, principal: bytes | None) -> Identity:
+def _forwarded(
+    security: Security, credential: bytes, principal: bytes | None, topics: bytes | None
+) -> Identity:
+    """A broker's request on behalf of ``principal`` (limited to ``topics`` when the original
+    credential was a scoped token)."""
     if security.credential is None or not security.credential.valid(credential):
         raise InvalidCredentialsError("not a valid cluster credential")
     if principal is None:
         raise InvalidCredentialsError("a forwarded request names its principal")
     try:
         text = validate_principal(principal.decode("utf-8"))
+        scoped = None if topics is None else frozenset(topics.decode("utf-8").split(","))
     except (InvalidAclError, UnicodeDecodeError):
         raise InvalidCredentialsError("a forwarded request's principal is not valid") from None
-    return Identity(text.partition(":")[2], "internal")
+    return Identity(text.partition(":")[2], "internal", topics=scoped)
 
 
 def _query_token(scope: Scope) -> str | None:

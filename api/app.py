@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -41,6 +42,18 @@ Kafka semantics over HTTP: topics of partitioned, retained commit logs addressed
 """
 
 
+def peer_tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """How this broker reaches its peers' client listeners when they serve TLS: trusting
+    ``ssl_cafile`` (the cluster's CA, else the system's) and presenting its own certificate,
+    which a peer requiring client certificates verifies (the forwarded request itself is
+    authenticated by the cluster credential)."""
+    if settings.ssl_certfile is None:
+        return None
+    context = ssl.create_default_context(cafile=settings.ssl_cafile)
+    context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+    return context
+
+
 def broker_config(settings: Settings) -> BrokerConfig:
     return BrokerConfig(
         data_dir=settings.data_dir,
@@ -54,7 +67,8 @@ def broker_config(settings: Settings) -> BrokerConfig:
         log_cleaner_backoff_ms=settings.log_cleaner_backoff_ms,
         idempotency_window_ms=settings.idempotency_window_ms,
         max_broker_partitions=settings.max_broker_partitions,
-        advertised_url=settings.advertised_url,
+        advertised_url=settings.advertised_url
+        or (f"https://{settings.host}:{settings.port}" if settings.tls else None),
         replication_port=settings.replication_port,
         replication_advertised_port=settings.replication_advertised_port,
         replication=ReplicationConfig(
@@ -297,7 +311,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics=Metrics(broker, coordinator, budgets, quotas),
         coordinator=coordinator,
         budgets=budgets,
-        proxy=Proxy(broker, settings.max_wait_ms, guard) if broker.config.clustered else None,
+        proxy=(
+            Proxy(broker, settings.max_wait_ms, guard, peer_tls_context(settings))
+            if broker.config.clustered
+            else None
+        ),
         quotas=quotas,
         security=guard,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .settings import Settings
@@ -56,6 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
         dest="allowed_origins",
         help="a web page origin (https://app.example) allowed cross-origin, with CORS; repeat",
     )
+    serve.add_argument("--ssl-certfile", type=Path, help="serve TLS: PEM certificate (chain)")
+    serve.add_argument("--ssl-keyfile", type=Path, help="the certificate's PEM private key")
+    serve.add_argument(
+        "--ssl-cafile", type=Path, help="CA bundle that client certificates must chain to"
+    )
+    serve.add_argument(
+        "--ssl-client-auth",
+        choices=("none", "requested", "required"),
+        help="ask clients for a certificate (mTLS); its subject is the principal (default none)",
+    )
+    serve.add_argument(
+        "--ssl-principal-mapping",
+        choices=("dn", "cn"),
+        help="a client certificate's principal: its full subject DN (default) or its CN",
+    )
     serve.add_argument("--no-fast-path", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
 
@@ -102,10 +118,25 @@ def _serve(args: argparse.Namespace) -> int:
             "fast_path": False if args.no_fast_path else None,
             "allowed_hosts": args.allowed_hosts,
             "allowed_origins": args.allowed_origins,
+            "ssl_certfile": args.ssl_certfile,
+            "ssl_keyfile": args.ssl_keyfile,
+            "ssl_cafile": args.ssl_cafile,
+            "ssl_client_auth": args.ssl_client_auth,
+            "ssl_principal_mapping": args.ssl_principal_mapping,
         }.items()
         if v is not None
     }
-    return serve(Settings(**overrides))
+    from pydantic import ValidationError
+
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as e:
+        for error in e.errors():
+            where = ".".join(str(part) for part in error["loc"])
+            message = str(error["msg"]).removeprefix("Value error, ")
+            print(f"invalid setting {where}: {message}" if where else message, file=sys.stderr)
+        return 2
+    return serve(settings)
 
 
 def _metadata_upgrade(args: argparse.Namespace) -> int:

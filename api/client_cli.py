@@ -9,6 +9,11 @@ one does not answer (a change only when it was surely not received). A broker
 error (``application/problem+json``) is printed on one line of stderr — ``CODE (status):
 detail`` — and the command exits 1; a usage error exits 2.
 
+Credentials: ``--api-key KEY`` (default ``$LOGBUS_API_KEY``) or ``--api-key-file PATH`` (the
+file's first line: a key in a file is not in ``ps`` or the shell's history) is sent as
+``Authorization: Bearer KEY`` with every request of every client command, to whichever broker
+it goes. The key is never printed: a 401 says only whether a key was given.
+
 * ``topics create|list|describe|alter|delete|reassign``: tables for people, ``--json`` for
   programs. ``reassign`` moves a partition's replicas (or ``--cancel``s a move), ``cluster
   drain`` every replica of a broker; both start the move and return (``describe`` or
@@ -74,11 +79,13 @@ _ENVELOPE = frozenset(("type", "title", "status", "code", "retriable", "detail",
 
 
 class CliError(Exception):
-    """A failure reported on one line of stderr, with the exit code."""
+    """A failure reported on one line of stderr, with the exit code (and the HTTP status of a
+    broker's refusal, 0 for other failures)."""
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
+    def __init__(self, message: str, exit_code: int = 1, status: int = 0) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.status = status
 
 
 # -- argument parsing ---------------------------------------------------------------------------
@@ -97,12 +104,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_groups(sub, [conn, as_json])
     _add_produce(sub, [conn])
     _add_consume(sub, [conn])
+    from .security_cli import add_security
+
+    add_security(sub, [conn, as_json])
     _add_bench(sub)
 
 
 def add_connection_options(parser: argparse.ArgumentParser, dest_prefix: str = "") -> None:
-    """``--url`` and ``--timeout``; ``logbus`` also takes them before the command, under
-    ``dest_prefix`` (see :func:`apply_global_options`)."""
+    """``--url``, ``--timeout``, ``--api-key`` and ``--api-key-file``; ``logbus`` also takes
+    them before the command, under ``dest_prefix`` (see :func:`apply_global_options`)."""
     parser.add_argument(
         "--url",
         dest=f"{dest_prefix}url",
@@ -118,23 +128,46 @@ def add_connection_options(parser: argparse.ArgumentParser, dest_prefix: str = "
         metavar="SECONDS",
         help=f"timeout of each HTTP request (default: {DEFAULT_TIMEOUT_S})",
     )
+    key = parser.add_mutually_exclusive_group()
+    key.add_argument(
+        "--api-key",
+        dest=f"{dest_prefix}api_key",
+        default=None,
+        metavar="KEY",
+        help="API key sent as 'Authorization: Bearer KEY' (default: $LOGBUS_API_KEY); "
+        "visible in ps: prefer --api-key-file or the variable",
+    )
+    key.add_argument(
+        "--api-key-file",
+        dest=f"{dest_prefix}api_key_file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="read the API key from the first line of this file",
+    )
 
 
 def apply_global_options(args: argparse.Namespace) -> str | None:
-    """Merge ``logbus --url U --timeout T --json COMMAND`` into the command's own options (the
-    command's win) and fill in the defaults; return an error for a command that takes none."""
+    """Merge ``logbus --url U --timeout T --api-key K --json COMMAND`` into the command's own
+    options (the command's win) and fill in the defaults; return an error for a command that
+    takes none. ``--api-key`` and ``--api-key-file`` are one option: either of them given to
+    the command wins over both before it."""
+    absent = object()
+    if getattr(args, "api_key", None) is not None or getattr(args, "api_key_file", None):
+        args.global_api_key = args.global_api_key_file = None
     given = {
         "url": args.global_url,
         "timeout": args.global_timeout,
+        "api_key": args.global_api_key,
+        "api_key_file": args.global_api_key_file,
         "json": args.global_json or None,
     }
-    absent = object()
     for name, value in given.items():
         if value is None:
             continue
         mine = getattr(args, name, absent)
         if mine is absent or (name == "json" and not isinstance(mine, bool)):
-            return f"logbus {args.command} does not take --{name}"
+            return f"logbus {args.command} does not take --{name.replace('_', '-')}"
         if mine is None or mine is False:
             setattr(args, name, value)
     if args.command != "bench" and getattr(args, "url", absent) is None:
@@ -464,7 +497,7 @@ def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
         try:
             return fn(args)
         except CliError as e:
-            print(f"logbus {name}: {e}", file=sys.stderr)
+            print(f"logbus {name}: {e}{_auth_hint(args, e.status)}", file=sys.stderr)
             return e.exit_code
         except KeyboardInterrupt:
             print(f"logbus {name}: interrupted", file=sys.stderr)
@@ -474,6 +507,47 @@ def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
             return 0
 
     return run
+
+
+def _auth_hint(args: argparse.Namespace, status: int) -> str:
+    """After a 401 without a key: how to give one (the broker's own text says what was wrong
+    with a key that was sent; the key itself is never printed)."""
+    if status != 401 or getattr(args, "api_key", None) is not None:
+        return ""
+    return " (no API key given: --api-key, --api-key-file or $LOGBUS_API_KEY)"
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """The key of ``--api-key``, ``--api-key-file`` or ``$LOGBUS_API_KEY`` (checked once, kept
+    in ``args.api_key``); None when none is given. A key that cannot be one is a usage error
+    whose message does not show it."""
+    from logbus_client.routing import MAX_CREDENTIAL_CHARS, check_api_key
+
+    path: Path | None = getattr(args, "api_key_file", None)
+    key: str | None = getattr(args, "api_key", None)
+    source = "--api-key"
+    if path is not None:
+        source = f"--api-key-file {path}"
+        try:
+            with path.open("rb") as f:
+                raw = f.read(MAX_CREDENTIAL_CHARS + 2)
+        except OSError as e:
+            raise CliError(f"{source}: {e.strerror or e}", 2) from None
+        lines = raw.splitlines()
+        key = lines[0].decode("latin-1").strip() if lines else ""  # checked below
+        if not key:
+            raise CliError(f"{source}: the file is empty", 2)
+        args.api_key_file = None
+    elif key is None:
+        key = os.environ.get("LOGBUS_API_KEY") or None
+        source = "$LOGBUS_API_KEY"
+    if key is not None:
+        try:
+            check_api_key(key)
+        except ValueError as e:
+            raise CliError(f"{source}: {e}", 2) from None
+    args.api_key = key
+    return key
 
 
 def _stdout_to_devnull() -> None:
@@ -496,7 +570,7 @@ def _router(args: argparse.Namespace, pool: int = 4) -> Router:
     """Partition requests to their leaders, over every broker ``--url`` names."""
     from logbus_client.routing import Router
 
-    return Router(_urls(args), timeout=args.timeout, headers=_UA, pool=pool)
+    return Router(_urls(args), timeout=args.timeout, headers=_UA, api_key=_api_key(args), pool=pool)
 
 
 def _unreachable(router: Router | AsyncRouter, method: str, path: str, e: Exception) -> CliError:
@@ -547,7 +621,7 @@ def _request(client: Router, method: str, path: str, **kwargs: Any) -> httpx.Res
 def _raise_for_problem(response: httpx.Response) -> None:
     if response.status_code < 400:
         return
-    raise CliError(_problem_text(response))
+    raise CliError(_problem_text(response), status=response.status_code)
 
 
 def _problem_text(response: httpx.Response) -> str:
@@ -1148,7 +1222,10 @@ async def _consume_async(args: argparse.Namespace) -> int:
     from logbus_client.routing import AsyncRouter
 
     timeout = httpx.Timeout(args.timeout, read=args.timeout + LONG_POLL_MS / 1000)
-    async with AsyncRouter(_urls(args), timeout=timeout, headers=_UA, pool=16) as router:
+    api_key = _api_key(args)
+    async with AsyncRouter(
+        _urls(args), timeout=timeout, headers=_UA, api_key=api_key, pool=16
+    ) as router:
         fetcher = _Fetcher(router, args)
         topic = await fetcher.get_json(_topic_path(args.topic))
         details = {d["partition"]: d for d in topic["partition_details"]}

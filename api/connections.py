@@ -17,6 +17,9 @@ its ``limit_concurrency`` then answered 503 to every request of every client. He
 * **Send timeout** (``send_timeout_ms``, 30 s): an answer whose client takes no bytes for that
   long (the transport stays above its high-water mark) is aborted, which frees the buffer it
   pinned — for HTTP answers, SSE streams and WebSockets alike.
+* **Client certificates** (mTLS): with TLS and a client CA, the verified certificate's user
+  (:func:`peer_user`) is read once per connection and put in each request's scope, where
+  :mod:`api.access` takes it as the principal when the request sends no other credential.
 * **Connection cap** (``max_connections``, Kafka's ``max.connections``): a new connection
   past it closes the connection that has been idle longest (no request in flight); if every
   connection is busy the new one is refused at accept. A flood of idle sockets thus never
@@ -31,11 +34,12 @@ from __future__ import annotations
 import asyncio
 import resource
 from asyncio import TimerHandle
-from typing import Any
+from typing import Any, Literal
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from auth_quotas.credentials import PEER_USER_SCOPE_KEY, AuthenticationError, user_from_peercert
 from core_log.errors import ErrorCode, LogbusError
 
 from .problems import PROBLEM_JSON, problem_bytes
@@ -139,15 +143,41 @@ class _StallOnPause:
         super().resume_writing()  # type: ignore[misc]
 
 
+def peer_user(transport: asyncio.BaseTransport, mapping: Literal["dn", "cn"] | None) -> str | None:
+    """The user a TLS connection's verified client certificate names (mTLS), or None: no
+    mapping configured, no TLS, no certificate, or one without a usable subject (the request
+    then needs another credential). Read once per connection, at the handshake."""
+    if mapping is None:
+        return None
+    cert = transport.get_extra_info("peercert")
+    if not cert:
+        return None
+    try:
+        return user_from_peercert(cert, mapping)
+    except AuthenticationError:
+        return None
+
+
 class LimitedWebSocketProtocol(_StallOnPause, WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol with a send timeout (set per broker by the factory)."""
 
     send_timeout_s: float = 30.0
     gate: ConnectionGate | None = None
+    peer_mapping: Literal["dn", "cn"] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stall = _StallTimer(self.send_timeout_s)
+        self._peer_user: str | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._peer_user = peer_user(transport, self.peer_mapping)
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)  # builds the scope; the app's task runs later
+        if self._peer_user is not None and getattr(self, "scope", None) is not None:
+            self.scope[PEER_USER_SCOPE_KEY] = self._peer_user  # type: ignore[literal-required]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stall.resumed()
@@ -163,9 +193,11 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
     body_timeout_s: float = 30.0
     send_timeout_s: float = 30.0
     gate: ConnectionGate = ConnectionGate(10_000)
+    peer_mapping: Literal["dn", "cn"] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._peer_user: str | None = None
         self._head_timer: TimerHandle | None = None
         self._in_head = True  # no request head complete since the last answer
         self._admitted = False
@@ -183,6 +215,7 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         if victim is not None:
             victim.transport.close()
         super().connection_made(transport)
+        self._peer_user = peer_user(transport, self.peer_mapping)
         self.gate.idle(self)
         self._arm_head_timer()
 
@@ -211,6 +244,8 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         self.gate.busy(self)
         self._body_pending = True
         self._body_progress = self.loop.time()
+        if self._peer_user is not None:  # before the app's task starts (in the super call)
+            self.scope[PEER_USER_SCOPE_KEY] = self._peer_user  # type: ignore[literal-required]
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -294,13 +329,18 @@ def _answer_408(timeout_ms: int) -> bytes:
 
 
 def protocols(
-    gate: ConnectionGate, header_timeout_ms: int, body_timeout_ms: int, send_timeout_ms: int
+    gate: ConnectionGate,
+    header_timeout_ms: int,
+    body_timeout_ms: int,
+    send_timeout_ms: int,
+    peer_mapping: Literal["dn", "cn"] | None = None,
 ) -> tuple[type[LimitedHttpProtocol], type[LimitedWebSocketProtocol]]:
-    """Protocol classes bound to one broker's gate and timeouts (uvicorn takes classes)."""
+    """Protocol classes bound to one broker's gate, timeouts and client-certificate mapping
+    (uvicorn takes classes)."""
     ws = type(
         "BrokerWebSocketProtocol",
         (LimitedWebSocketProtocol,),
-        {"gate": gate, "send_timeout_s": send_timeout_ms / 1000},
+        {"gate": gate, "send_timeout_s": send_timeout_ms / 1000, "peer_mapping": peer_mapping},
     )
     http = type(
         "BrokerHttpProtocol",
@@ -310,6 +350,7 @@ def protocols(
             "header_timeout_s": header_timeout_ms / 1000,
             "body_timeout_s": body_timeout_ms / 1000,
             "send_timeout_s": send_timeout_ms / 1000,
+            "peer_mapping": peer_mapping,
         },
     )
     return http, ws

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -43,10 +44,14 @@ class BrokerProcess:
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"broker-{self.port}.log"
+        # A broker serving TLS (--ssl-certfile): how the readiness probe trusts it (and
+        # presents a client certificate, where the broker requires one).
+        self.tls: ssl.SSLContext | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if "--ssl-certfile" in self.extra_args else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> BrokerProcess:
         assert self.proc is None, "already running"
@@ -76,7 +81,9 @@ class BrokerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}: {self.log()}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                verify = self.tls if self.tls is not None else True
+                r = httpx.get(f"{self.url}/readyz", timeout=1.0, verify=verify)
+                if r.status_code == 200:
                     return
             except httpx.TransportError:
                 pass

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ from core_log.errors import ErrorCode, LogbusError
 
 from . import guard
 from .access import identity_of
-from .security import PRINCIPAL_HEADER, Security
+from .security import PRINCIPAL_HEADER, PRINCIPAL_TOPICS_HEADER, Security
 
 _GROUP = re.compile(r"^/v1/groups/([^/]+)(?:/.*)?$")
 _MEMBER_SSE = re.compile(r"^/v1/groups/[^/]+/members/[^/]+/records/?$")
@@ -81,10 +82,19 @@ class Target:
 
 
 class Proxy:
-    def __init__(self, broker: Broker, max_wait_ms: int, security: Security | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        max_wait_ms: int,
+        security: Security | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """``tls``: how to reach peers whose client listener serves TLS (their CA, and this
+        broker's certificate to present where they require one)."""
         self.broker = broker
         self.security = security
         self.client = httpx.AsyncClient(
+            verify=tls if tls is not None else True,
             timeout=httpx.Timeout(
                 CONNECT_TIMEOUT_S, read=max_wait_ms / 1000 + READ_MARGIN_S, pool=CONNECT_TIMEOUT_S
             ),
@@ -127,10 +137,15 @@ class Proxy:
         value = credential.value() if credential is not None else None
         if value is None:
             return []
-        return [
+        identity = identity_of(scope)
+        headers = [
             (CREDENTIAL_HEADER.encode(), value.encode()),
-            (PRINCIPAL_HEADER.encode(), identity_of(scope).principal.encode()),
+            (PRINCIPAL_HEADER.encode(), identity.principal.encode()),
         ]
+        if identity.topics is not None:  # a scoped token: the target limits it the same
+            topics = ",".join(sorted(identity.topics)).encode()
+            headers.append((PRINCIPAL_TOPICS_HEADER.encode(), topics))
+        return headers
 
     async def ask(
         self,

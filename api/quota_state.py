@@ -37,7 +37,6 @@ Every method takes its time from the injected ``clock`` (milliseconds, monotonic
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -58,6 +57,7 @@ from auth_quotas.quotas import (
     Resolution,
     Throttle,
     TokenBucket,
+    is_client_id,
 )
 from cluster.security_store import DEFAULT_ENTITY, QuotaRow, SecuritySnapshot
 from core_log.errors import ErrorCode, LogbusError
@@ -67,7 +67,6 @@ IDENTITY_SCOPE_KEY: Final = "logbus.identity"  # set by the authentication layer
 CLIENT_ID_HEADER: Final = b"logbus-client-id"
 CLIENT_ID_QUERY: Final = "client_id"
 MAX_CLIENT_ID_CHARS: Final = 255  # a quota entity part's limit (QuotaEntity.from_dict)
-_CLIENT_ID: Final = re.compile(r"[A-Za-z0-9._-]{1,255}")
 # Sensors one broker keeps (Kafka has no cap; 10k ~2 KB sensors is ~20 MB).
 MAX_SENSORS_DEFAULT: Final = 10_000
 # Entities exposed in /metrics: the most recently active ones (label cardinality).
@@ -108,7 +107,7 @@ def client_id(scope: dict[str, Any] | Any, *, query_too: bool) -> str:
         raw = values[0] if values else None
     if raw is None:
         return ""
-    if not _CLIENT_ID.fullmatch(raw):
+    if not is_client_id(raw):
         raise bad_client_id(f"{raw[:64]!r} is not a client id")
     return raw
 

@@ -21,9 +21,7 @@ one step on the event loop:
 (bounded, and emptied by every snapshot, so a revocation is never outlived); a first sight
 goes through the verifier's cache (a BLAKE2b of the token) and, on a miss, looks the key id up
 in the in-memory snapshot (no store read) and runs argon2 in a worker thread (~0.1 s, once per
-key per 5 minutes; requests that miss while that check runs wait for it rather than hashing
-again: 64 connections opening at once used to cost 64 hashes, ~6 s of CPU on this VM).
-Scoped tokens are one HMAC, JWTs one signature check. A decision of
+key per 5 minutes). Scoped tokens are one HMAC, JWTs one signature check. A decision of
 :func:`auth_quotas.acl.authorize` is remembered per (principal, operation, resource) until the
 next snapshot. So a repeat request costs a few dict lookups (measured: the whole check, rule
 match included, ~6 µs against ~60 µs uncached on the loaded 2-core VM).
@@ -72,6 +70,7 @@ from auth_quotas.credentials import (
     BasicCredentials,
     Identity,
     JwtValidator,
+    KeyFailureLimiter,
     ScopedTokenSigner,
     StoredKey,
     default_hasher,
@@ -105,11 +104,15 @@ ANONYMOUS: Final = "ANONYMOUS"
 # Decisions remembered until the next snapshot: (principal, operation, resource) triples a
 # broker sees; ~150 bytes each, so the cap is ~15 MB at worst (cleared when reached).
 DECISION_CACHE_ENTRIES: Final = 100_000
+MAX_CONCURRENT_HASHES: Final = 1
 ANONYMOUS_IDENTITY: Final = Identity(ANONYMOUS, "internal")
 BOOTSTRAP_USER: Final = "admin"
 # The header a forwarding broker names the original principal in; trusted only together with a
 # valid cluster credential (api.access strips it otherwise).
 PRINCIPAL_HEADER: Final = "logbus-principal"
+# With it, for a scoped token's request: the token's topics (comma-separated; topic names hold
+# no comma), so the target limits the forwarded request as the token is limited here.
+PRINCIPAL_TOPICS_HEADER: Final = "logbus-principal-topics"
 # What a scoped token may do besides its topics' read/describe: join and read as a group
 # member (an SSE member stream). Nothing else: no writes, no admin.
 _SCOPED_OPERATIONS: Final = frozenset({Operation.READ, Operation.DESCRIBE})
@@ -175,6 +178,11 @@ class Security:
         self.allow_everyone = settings.allow_everyone_if_no_acl_found
         self.hasher = hasher_factory()
         self.verifier = ApiKeyVerifier(self.hasher)
+        # Guessing a known key id's secret: see auth_quotas.credentials.KEY_FAILURES_MAX.
+        self.key_failures = KeyFailureLimiter()
+        # argon2 verifications at once (~0.1 s of a core each): a burst of new connections
+        # with un-cached keys queues here instead of taking every core from the event loop.
+        self._hashing = asyncio.Semaphore(MAX_CONCURRENT_HASHES)
         self.now_ms = now_ms
         self.acls: AclSet = AclSet()
         self.keys: dict[str, StoredKey] = {}
@@ -196,9 +204,6 @@ class Security:
         # are emptied by every snapshot applied, so no change outlives a reload.
         self._by_header: dict[str, tuple[Identity, int]] = {}
         self._decisions: dict[tuple[str, Operation, ResourceType, str], bool] = {}
-        # argon2 checks under way, by (token, verifier epoch): see _api_key. At most one per
-        # key being checked; an entry leaves when its check ends.
-        self._verifying: dict[tuple[str, int], asyncio.Future[Identity]] = {}
         self.stats = AuthStats({}, {})
         self.store: SecurityStore | None = None
         self.watcher: SecurityWatcher | None = None
@@ -356,29 +361,22 @@ class Security:
         key_id = parse_api_key(token)
         epoch = self.verifier.epoch
         stored = self.keys.get(key_id)
-        if stored is None:
-            raise InvalidCredentialsError("unknown or revoked API key")
-        # One argon2 check per key at a time: the requests that miss while it runs (64
-        # connections opening at once, or all those in flight when the cache entry expires)
-        # wait for its answer instead of each hashing (~0.1 s of CPU apiece). Keyed by the
-        # epoch too: a request after a revocation never takes the answer of a check begun
-        # before it.
-        flight = (token, epoch)
-        pending = self._verifying.get(flight)
-        if pending is None:
-            pending = asyncio.ensure_future(self._check(token, stored, now, epoch))
-            pending.add_done_callback(lambda f: f.cancelled() or f.exception())
-            self._verifying[flight] = pending
-        # Shielded: a waiter cancelled (its client left) does not cancel the others' check.
-        return await asyncio.shield(pending)
-
-    async def _check(self, token: str, stored: StoredKey, now: int, epoch: int) -> Identity:
-        try:
-            identity = await asyncio.to_thread(self.verifier.check, token, stored)
-            self.verifier.remember(token, identity, now, epoch=epoch)
-            return identity
-        finally:
-            self._verifying.pop((token, epoch), None)
+        if stored is None or self.key_failures.blocked(key_id, now):
+            raise InvalidCredentialsError("unknown or revoked API key")  # no hash
+        async with self._hashing:
+            # Many connections of one client arrive at once (a restart): the first verifies,
+            # the others find it cached here instead of hashing in turn.
+            hit = self.verifier.cached(token, now)
+            if hit is not None:
+                return hit
+            try:
+                identity = await asyncio.to_thread(self.verifier.check, token, stored)
+            except InvalidCredentialsError:
+                self.key_failures.failed(key_id, self.now_ms())
+                raise
+        self.key_failures.succeeded(key_id)
+        self.verifier.remember(token, identity, now, epoch=epoch)
+        return identity
 
     def still_valid(self, identity: Identity) -> bool:
         """Whether a long-lived connection's identity still holds (key not revoked, token or

@@ -13,9 +13,10 @@ import ctypes
 import logging
 import signal
 import socket
+import ssl
 import sys
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -38,6 +39,11 @@ def serve(settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        tls_context(settings)
+    except (OSError, ssl.SSLError) as e:
+        print(f"cannot serve TLS: {e}", file=sys.stderr)
+        return 1
     try:
         sock = bind_socket(settings.host, settings.port)
     except OSError as e:
@@ -62,6 +68,22 @@ def serve(settings: Settings) -> int:
     return 0
 
 
+_CERT_REQS = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The client listener's TLS context (None without TLS), built as uvicorn builds it from
+    the same settings: loading it before binding makes a bad file an error line at start."""
+    if settings.ssl_certfile is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+    if settings.ssl_cafile is not None:
+        context.load_verify_locations(settings.ssl_cafile)
+    context.verify_mode = _CERT_REQS[settings.ssl_client_auth]
+    return context
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host:port`` (not yet listening: uvicorn listens once the app has
     started). Family and ``SO_REUSEADDR`` as uvicorn chooses them when it binds itself."""
@@ -77,7 +99,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def _run(settings: Settings, sock: socket.socket, dir_lock: DataDirLock) -> None:
-    base = f"http://{settings.host}:{settings.port}"
+    base = f"{settings.scheme}://{settings.host}:{settings.port}"
     print(f"Logbus API:  {base}/v1", flush=True)
     print(f"Docs UI:     {base}/docs", flush=True)
     print(f"Data dir:    {settings.data_dir.resolve()}", flush=True)
@@ -98,6 +120,7 @@ def _run(settings: Settings, sock: socket.socket, dir_lock: DataDirLock) -> None
         settings.header_timeout_ms,
         settings.body_timeout_ms,
         settings.send_timeout_ms,
+        peer_mapping=settings.ssl_principal_mapping if settings.ssl_client_auth != "none" else None,
     )
     asgi: ASGIApp = app
     if (rate := settings.access_log_rate) > 0:
@@ -118,8 +141,20 @@ def _run(settings: Settings, sock: socket.socket, dir_lock: DataDirLock) -> None
         backlog=2048,
         ws_max_size=settings.max_ws_message_bytes,
         ws_per_message_deflate=settings.ws_compression,
+        **_uvicorn_tls(settings),
     )
     _Server(config, app).run(sockets=[sock])
+
+
+def _uvicorn_tls(settings: Settings) -> dict[str, Any]:
+    if settings.ssl_certfile is None:
+        return {}
+    return {
+        "ssl_certfile": str(settings.ssl_certfile),
+        "ssl_keyfile": None if settings.ssl_keyfile is None else str(settings.ssl_keyfile),
+        "ssl_ca_certs": None if settings.ssl_cafile is None else str(settings.ssl_cafile),
+        "ssl_cert_reqs": _CERT_REQS[settings.ssl_client_auth],
+    }
 
 
 def _log_to_stderr(logger: logging.Logger) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import PositiveInt, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     # The first admin's API key for automation (lbk.<16 hex>.<43 base64url>; `logbus keys`
     # format). Used only when auth is on and the store has no user yet.
     bootstrap_key: str | None = None
+    # The same read from a file (a Docker or Kubernetes secret); bootstrap_key wins.
+    bootstrap_key_file: Path | None = None
     # Kafka's super.users: principals allowed everything, "User:a;User:b".
     super_users: SemicolonList = []
     # Kafka's allow.everyone.if.no.acl.found: a resource no ACL names is open to everyone.
@@ -62,6 +64,16 @@ class Settings(BaseSettings):
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     jwt_jwks_file: Path | None = None
+    # TLS on the client listener (docs/security.md): a PEM certificate chain and its key. With
+    # ssl_cafile, Kafka's ssl.client.auth: "requested" asks for a client certificate signed by
+    # that CA and "required" refuses a connection without one (mTLS); a verified certificate's
+    # subject is the request's principal when it sends no other credential, mapped as Kafka's
+    # ssl.principal.mapping.rules DEFAULT ("dn": CN=alice,OU=eng,O=corp) or the CN alone.
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_cafile: Path | None = None
+    ssl_client_auth: Literal["none", "requested", "required"] = "none"
+    ssl_principal_mapping: Literal["dn", "cn"] = "dn"
     # Scoped tokens (POST /v1/tokens): the lifetime when the request names none, and the most.
     token_ttl_minutes: int = 5
     # Browsers (api/guard.py, docs/security.md): Host names besides the bound ones (loopback
@@ -191,6 +203,34 @@ class Settings(BaseSettings):
         if any(v is not None for v in given) and not all(v is not None for v in given):
             raise ValueError("jwt_issuer, jwt_audience and jwt_jwks_file go together")
         return self
+
+    @model_validator(mode="after")
+    def _bootstrap_key_from_file(self) -> Settings:
+        if self.bootstrap_key is None and self.bootstrap_key_file is not None:
+            try:
+                text = self.bootstrap_key_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"bootstrap_key_file: cannot read it: {e}") from None
+            self.bootstrap_key = Settings._bootstrap_key(text)
+        return self
+
+    @model_validator(mode="after")
+    def _tls_consistent(self) -> Settings:
+        if self.ssl_certfile is None and (self.ssl_keyfile or self.ssl_cafile):
+            raise ValueError("ssl_keyfile and ssl_cafile need ssl_certfile (TLS)")
+        if self.ssl_client_auth != "none" and self.ssl_cafile is None:
+            raise ValueError(
+                "ssl_client_auth needs ssl_cafile (the CA that signs client certificates)"
+            )
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.ssl_certfile is not None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 import orjson
@@ -49,7 +49,13 @@ from core_log.recordjson import encode_json_upto, read_on_from
 
 from . import records
 from . import ws_protocol as proto
-from .access import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED, identity_of, require
+from .access import (
+    CLOSE_FORBIDDEN,
+    CLOSE_UNAUTHENTICATED,
+    identity_of,
+    require,
+    ws_requirements,
+)
 from .problems import problem_body
 from .rendering import encode_json_within
 from .state import AppState
@@ -169,6 +175,13 @@ class Session:
                 self.kill(CLOSE_FORBIDDEN, f"not authorized to read topic {topic!r}")
                 return
 
+    def _authorize(
+        self, message: str, topics: Iterable[str], group: str | None, *, close: bool
+    ) -> None:
+        """What ``message`` needs (:data:`api.access.WS_MESSAGES`) on the names it carries."""
+        for op, resource in ws_requirements(message, topics, group):
+            self._require(op, resource, close)
+
     def _require(self, op: Operation, resource: Resource, close: bool) -> None:
         """Raise when denied: a :class:`Close` (4403) for a subscription, else the 403 error
         (answered as an ``error`` message; the socket stays open)."""
@@ -248,8 +261,8 @@ class Session:
         if self.link is not None:
             raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "this socket is a group member already")
         wanted: dict[TopicPartition, int] = {}
-        for name in sorted({spec.topic for spec in msg.partitions} | set(msg.topics)):
-            self._require(Operation.READ, Resource(ResourceType.TOPIC, name), close=True)
+        topics = {spec.topic for spec in msg.partitions} | set(msg.topics)
+        self._authorize("subscribe", topics, None, close=True)
         try:
             for spec in msg.partitions:
                 wanted[(spec.topic, spec.partition)] = await self._start(
@@ -304,9 +317,7 @@ class Session:
     async def _join(self, msg: proto.Join) -> None:
         if self.link is not None or self.positions:
             raise Close(proto.CLOSE_BAD_SUBSCRIPTION, "this socket is subscribed already")
-        self._require(Operation.READ, Resource(ResourceType.GROUP, msg.group), close=True)
-        for name in sorted(set(msg.topics)):
-            self._require(Operation.READ, Resource(ResourceType.TOPIC, name), close=True)
+        self._authorize("join", msg.topics, msg.group, close=True)
         link = GroupLink(self.state, msg, self.changed.set)
         link.scope = self.ws.scope
         try:
@@ -332,10 +343,7 @@ class Session:
     async def _commit(self, msg: proto.Commit) -> None:
         offsets = {(o.topic, o.partition): (o.offset, o.metadata) for o in msg.offsets}
         group = self.link.group if self.link is not None else msg.group
-        if group is not None:
-            self._require(Operation.READ, Resource(ResourceType.GROUP, group), close=False)
-        for name in sorted({o.topic for o in msg.offsets}):
-            self._require(Operation.READ, Resource(ResourceType.TOPIC, name), close=False)
+        self._authorize("commit", [o.topic for o in msg.offsets], group, close=False)
         if self.link is not None:
             await self.link.commit(offsets)
             self.blocked.difference_update(offsets)  # e.g. past an unreadable record
@@ -351,7 +359,7 @@ class Session:
         await self.send({"type": "committed", "id": msg.id, "count": len(offsets)})
 
     async def _produce(self, msg: proto.Produce) -> None:
-        self._require(Operation.WRITE, Resource(ResourceType.TOPIC, msg.topic), close=False)
+        self._authorize("produce", [msg.topic], None, close=False)
 
         async def body() -> Any:
             yield b'{"records":' + bytes(msg.records) + b"}"

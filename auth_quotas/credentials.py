@@ -164,6 +164,57 @@ def _digest(token: str) -> bytes:
     return hashlib.blake2b(token.encode(), digest_size=16).digest()
 
 
+# Brute-force guard (:class:`KeyFailureLimiter`): this many failed secrets for one key id
+# within the window, and that key id's un-cached presentations are refused without a hash
+# until the window ends. An attacker who knows a key id (ids are not secret: listings show
+# them) then costs 5 argon2 hashes a minute per id (~0.6 CPU-s), not a core per 8 guesses/s;
+# an unknown id never costs a hash. The rightful holder's verified key stays cached and works.
+KEY_FAILURES_MAX: Final = 5
+KEY_FAILURES_WINDOW_MS: Final = 60_000
+KEY_FAILURES_ENTRIES: Final = 10_000
+
+
+class KeyFailureLimiter:
+    """Failed API-key verifications per key id in fixed windows (sans-I/O, bounded: the least
+    recently failed id is forgotten first)."""
+
+    def __init__(
+        self,
+        max_failures: int = KEY_FAILURES_MAX,
+        window_ms: int = KEY_FAILURES_WINDOW_MS,
+        max_entries: int = KEY_FAILURES_ENTRIES,
+    ) -> None:
+        assert max_failures > 0 and window_ms > 0 and max_entries > 0
+        self.max_failures = max_failures
+        self.window_ms = window_ms
+        self.max_entries = max_entries
+        self._failures: OrderedDict[str, tuple[int, int]] = OrderedDict()  # id -> (start, n)
+
+    def __len__(self) -> int:
+        return len(self._failures)
+
+    def blocked(self, key_id: str, now_ms: int) -> bool:
+        entry = self._failures.get(key_id)
+        if entry is None:
+            return False
+        start, count = entry
+        if now_ms - start >= self.window_ms:
+            del self._failures[key_id]
+            return False
+        return count >= self.max_failures
+
+    def failed(self, key_id: str, now_ms: int) -> None:
+        entry = self._failures.pop(key_id, None)
+        if entry is None or now_ms - entry[0] >= self.window_ms:
+            entry = (now_ms, 0)
+        self._failures[key_id] = (entry[0], entry[1] + 1)
+        while len(self._failures) > self.max_entries:
+            self._failures.popitem(last=False)
+
+    def succeeded(self, key_id: str) -> None:
+        self._failures.pop(key_id, None)
+
+
 class ApiKeyVerifier:
     """Verifies API keys against stored hashes, remembering successes (see the module doc).
 
@@ -636,6 +687,10 @@ def _dn_value(value: str) -> str:
     return escaped
 
 
+# Where the server puts a request's verified client-certificate user in its ASGI scope.
+PEER_USER_SCOPE_KEY = "logbus.peer_user"
+
+
 def user_from_peercert(cert: Mapping[str, Any], rule: Literal["dn", "cn"] = "dn") -> str:
     """The user name of a verified client certificate (``ssl.SSLSocket.getpeercert()``).
 
@@ -661,6 +716,7 @@ def user_from_peercert(cert: Mapping[str, Any], rule: Literal["dn", "cn"] = "dn"
 __all__ = [
     "API_KEY_PREFIX",
     "JWT_ALGORITHMS_DEFAULT",
+    "PEER_USER_SCOPE_KEY",
     "SCOPED_TOKEN_PREFIX",
     "ApiKeyVerifier",
     "AuthenticationError",
@@ -668,6 +724,7 @@ __all__ = [
     "BearerCredentials",
     "Identity",
     "JwtValidator",
+    "KeyFailureLimiter",
     "NewApiKey",
     "ScopedToken",
     "ScopedTokenSigner",

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -153,9 +154,23 @@ class QuotaEntity:
                 return DEFAULT
             if not isinstance(value, str) or not value or len(value) > 255:
                 raise InvalidQuotaError(f"entity.{key}: a name of 1..255 characters, or null")
+            if key == "client_id" and not is_client_id(value):
+                raise InvalidQuotaError(
+                    f"entity.client_id: {value[:64]!r} is not a client id: 1..255 of "
+                    "[A-Za-z0-9._-] (what Logbus-Client-Id accepts), or null"
+                )
             return value
 
         return QuotaEntity(part("user"), part("client_id"))
+
+
+# What a client id may be (the Logbus-Client-Id header, the client_id query parameter, a
+# quota entity's client id): one rule, so every quota set can match some client.
+CLIENT_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9._-]{1,255}")
+
+
+def is_client_id(value: str) -> bool:
+    return CLIENT_ID_PATTERN.fullmatch(value) is not None
 
 
 def validate_quotas(data: Mapping[str, object]) -> dict[QuotaType, float]:

@@ -13,6 +13,10 @@ Rules the caller keeps: at most one request in flight per partition (a second on
 overtake a retried first and be refused as out of order), and a request's body is resent
 unchanged. A request is one batch, so it must fit the topic's ``max.message.bytes`` (1 MiB by
 default). Sequences wrap at 2**31 as Kafka's do.
+
+Credentials are the router's: a session on ``Router(urls, api_key=KEY)`` sends ``Authorization:
+Bearer KEY`` with ``POST /v1/producers`` (a credential is all it needs, plus ``write`` on the
+transactional id when it names one) and with every produce (``write`` on the topic).
 """
 
 from __future__ import annotations

@@ -36,6 +36,11 @@ Theory of operation
   (``Logbus-Producer-Id``/``Epoch``/``Sequence``) or an ``Idempotency-Key``, which the broker
   answers as duplicates when the first attempt did land. For any other produce the failure
   is the answer: it is never sent twice blindly.
+* **Credentials.** A broker started with ``--auth`` wants ``Authorization`` on every request
+  but ``/healthz``, ``/readyz`` and the docs, ``GET /v1/cluster`` included. ``api_key=`` (or
+  an ``authorization`` entry in ``headers=``) puts it on the router's HTTP client, so every
+  attempt carries it, to whichever broker a redirect or a retry goes. The key is never part of
+  an error message (httpx masks it in a repr of the headers).
 * **One broker.** A broker that answers ``clustered: false`` is used at the URL the client was
   given (its advertised URL may be a name only it resolves), and so is a broker too old to
   have ``/v1/cluster``.
@@ -51,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -79,6 +85,32 @@ class RoutingError(Exception):
     def __init__(self, message: str, *, maybe_written: bool) -> None:
         super().__init__(message)
         self.maybe_written = maybe_written
+
+
+# An API key (``lbk.…``, 81 characters) or a JWT (a few KiB at most) as a header value: visible
+# ASCII only, so a stray newline or space cannot split or corrupt the request.
+MAX_CREDENTIAL_CHARS = 8192
+_CREDENTIAL = re.compile(rf"[\x21-\x7e]{{1,{MAX_CREDENTIAL_CHARS}}}")
+
+
+def check_api_key(key: str) -> str:
+    """``key`` when it can travel as ``Authorization: Bearer KEY``; ValueError otherwise.
+    The message never contains the key."""
+    if not _CREDENTIAL.fullmatch(key):
+        raise ValueError(
+            f"an API key is 1..{MAX_CREDENTIAL_CHARS} visible ASCII characters (no spaces)"
+        )
+    return key
+
+
+def client_headers(
+    headers: Mapping[str, str] | None = None, api_key: str | None = None
+) -> dict[str, str]:
+    """``headers`` plus ``Authorization: Bearer api_key`` when a key is given."""
+    out = dict(headers or {})
+    if api_key is not None:
+        out["authorization"] = f"Bearer {check_api_key(api_key)}"
+    return out
 
 
 def parse_bootstrap(urls: str | Sequence[str]) -> list[str]:
@@ -353,7 +385,8 @@ class _Base:
 class Router(_Base):
     """Blocking routing client (see the module doc). ``request`` returns the final answer —
     success or an error retrying cannot fix or that was not safe to retry — or raises
-    :class:`RoutingError` when no broker answered."""
+    :class:`RoutingError` when no broker answered. ``api_key``: sent as ``Authorization:
+    Bearer`` on every request (ValueError from :func:`check_api_key` for one that cannot be)."""
 
     def __init__(
         self,
@@ -361,6 +394,7 @@ class Router(_Base):
         *,
         timeout: httpx.Timeout | float = 30.0,
         headers: Mapping[str, str] | None = None,
+        api_key: str | None = None,
         transport: httpx.BaseTransport | None = None,
         pool: int = 8,
         max_attempts: int = MAX_ATTEMPTS,
@@ -373,7 +407,7 @@ class Router(_Base):
         )
         self.http = httpx.Client(
             timeout=timeout,
-            headers=dict(headers or {}),
+            headers=client_headers(headers, api_key),
             transport=transport,
             limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
         )
@@ -472,6 +506,7 @@ class AsyncRouter(_Base):
         *,
         timeout: httpx.Timeout | float = 30.0,
         headers: Mapping[str, str] | None = None,
+        api_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         pool: int = 8,
         max_attempts: int = MAX_ATTEMPTS,
@@ -483,7 +518,7 @@ class AsyncRouter(_Base):
         )
         self.http = httpx.AsyncClient(
             timeout=timeout,
-            headers=dict(headers or {}),
+            headers=client_headers(headers, api_key),
             transport=transport,
             limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
         )

@@ -34,6 +34,7 @@ from ..problems import bad_request
 from ..proxy import FORWARDED_BY
 from ..records import JSON, NDJSON, check_isolation, negotiate
 from ..state import CoordinatorDep, StateDep
+from ..stream_guard import guarded
 from .common import ISOLATION_QUERY, errors
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"])
@@ -151,8 +152,14 @@ async def poll(
         max_records = min(max_records or 1000, state.settings.max_fetch_records)
         chunk = min(max_bytes or streams.SSE_CHUNK_BYTES, state.settings.max_fetch_bytes)
         stream_budget = state.budgets.stream
+        body = streams.member_sse(coordinator, group, member, max_records, stream_budget, chunk)
         return _sse(
-            streams.member_sse(coordinator, group, member, max_records, stream_budget, chunk)
+            guarded(
+                body,
+                state.security,
+                identity_of(request.scope),
+                lambda: _member_reads(coordinator, group, member),
+            )
         )
     reply = await streams.member_poll(
         coordinator,
@@ -165,6 +172,17 @@ async def poll(
     )
     assert isinstance(reply.body, bytes)
     return Response(reply.body, reply.status, reply.headers, media_type=reply.content_type)
+
+
+def _member_reads(coordinator: Coordinator, group: str, member: str) -> list[Resource]:
+    """What a member's stream reads: its group and its subscribed topics (none once the
+    member is gone: its stream ends by itself)."""
+    try:
+        topics = coordinator.member(group, member).topics
+    except LogbusError:
+        return []
+    reads = [Resource(ResourceType.GROUP, group)]
+    return reads + [Resource(ResourceType.TOPIC, t) for t in sorted(topics)]
 
 
 def _sse(body: Any) -> StreamingResponse:

@@ -13,12 +13,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from auth_quotas.acl import Resource, ResourceType
 from core_log.errors import LogbusError
 
 from .. import records, streams
+from ..access import identity_of
 from ..params import OFFSET_MAX, Digits, PartitionPath
 from ..schemas import FetchResponse, ProduceResponse
 from ..state import AppState, StateDep
+from ..stream_guard import guarded
 from .common import ISOLATION_QUERY, errors
 
 router = APIRouter(prefix="/v1/topics", tags=["records"])
@@ -278,6 +281,8 @@ async def fetch_records(
             state.broker, topic, partition, start, limit, state.budgets.stream, chunk
         )
         await anext(body)  # raises (404) before the response starts; yields the retry line
+        readable = (Resource(ResourceType.TOPIC, topic),)
+        body = guarded(body, state.security, identity_of(request.scope), lambda: readable)
         return StreamingResponse(
             streams.prepend(b"retry: %d\n\n" % streams.SSE_RETRY_MS, body),
             media_type=streams.SSE,

@@ -31,7 +31,7 @@ from api.access_log import AccessLog
 from api.app import create_app, create_fastapi
 from api.settings import Settings
 from auth_quotas.acl import ResourceType
-from auth_quotas.credentials import generate_api_key
+from auth_quotas.credentials import KEY_FAILURES_MAX, generate_api_key
 
 with warnings.catch_warnings():  # starlette asks for httpx2; the httpx it still supports is here
     warnings.simplefilter("ignore")
@@ -79,6 +79,12 @@ class Broker:
     def revoke_all(self) -> None:
         r = self.c.request("DELETE", "/v1/acls?principal=User:alice", headers=self.admin)
         assert r.status_code == 200, r.text
+
+
+def _state(b: Broker) -> Any:
+    """The in-process broker's AppState (its Security, for tests that look inside)."""
+    app: Any = b.c.app
+    return app.app.state.logbus
 
 
 def _app(data_dir: Path, **settings: Any) -> Any:
@@ -352,6 +358,35 @@ def test_forwarded_principal_header_is_not_trusted_from_users(broker: Broker) ->
     assert r.status_code == 401
 
 
+def test_a_forwarded_scoped_token_keeps_its_topic_limit(broker: Broker) -> None:
+    """A broker forwarding a scoped token's request names the token's topics with the
+    principal; the target limits the request to them (not to the user's full ACLs)."""
+    b = broker
+    credential = _state(b).security.credential.value()
+    forwarded = {"Logbus-Cluster-Credential": credential, "Logbus-Principal": "User:alice"}
+    r = b.c.post("/v1/topics", json={"name": "fwd-other"}, headers=b.admin)
+    assert r.status_code in (201, 409), r.text
+    b.grant(("read", "topic", TOPIC), ("read", "topic", "fwd-other"))
+    try:
+        for topic in (TOPIC, "fwd-other"):  # as the user: both
+            path = f"/v1/topics/{topic}/partitions/0/records?offset=0"
+            assert b.c.get(path, headers=forwarded).status_code == 200
+        scoped = {**forwarded, "Logbus-Principal-Topics": TOPIC}
+        ok = b.c.get(f"/v1/topics/{TOPIC}/partitions/0/records?offset=0", headers=scoped)
+        other = b.c.get("/v1/topics/fwd-other/partitions/0/records?offset=0", headers=scoped)
+        write = b.c.post(f"/v1/topics/{TOPIC}/records", json=RECORDS, headers=scoped)
+        # From a user, the header is dropped (it could only narrow, but is a broker's word).
+        own = b.c.get(
+            "/v1/topics/fwd-other/partitions/0/records?offset=0",
+            headers={**b.alice, "Logbus-Principal-Topics": TOPIC},
+        )
+    finally:
+        b.revoke_all()
+    assert ok.status_code == 200, ok.text
+    assert other.status_code == 403 and write.status_code == 403, (other.text, write.text)
+    assert own.status_code == 200, own.text
+
+
 def test_a_user_saying_forwarded_is_still_measured_by_its_quota(broker: Broker) -> None:
     """Logbus-Forwarded-By exempts a request from the quota gate (it was measured where it
     came in), so, like Logbus-Principal, only a broker with the cluster credential may send it."""
@@ -419,6 +454,44 @@ def test_bad_admin_input_is_400(broker: Broker) -> None:
         assert r.status_code == 400, (body, r.text)
 
 
+def test_guessing_a_known_key_ids_secret_is_cut_off_without_hashing(broker: Broker) -> None:
+    """Brute force: after KEY_FAILURES_MAX wrong secrets for one key id, its un-cached
+    presentations are refused without an argon2 hash (even the right one, until the window
+    ends); a key already verified (a client's live sessions) keeps working."""
+    b = broker
+    security = _state(b).security
+    verifier = security.verifier
+    r = b.c.post("/v1/users/alice/keys", json={"description": "target"}, headers=b.admin)
+    assert r.status_code == 201
+    key, key_id = r.json()["key"], r.json()["key_id"]
+    prefix = key.rsplit(".", 1)[0]
+    hashes = 0
+    check = verifier.check
+
+    def counting(token: str, stored: Any) -> Any:
+        nonlocal hashes
+        hashes += 1
+        return check(token, stored)
+
+    verifier.check = counting
+    try:
+        assert b.c.get("/v1/whoami", headers=b.alice).status_code == 200  # cached before
+        for _ in range(KEY_FAILURES_MAX):
+            guess = f"{prefix}.{generate_api_key().token.rsplit('.', 1)[1]}"
+            assert b.c.get("/v1/whoami", headers=_bearer(guess)).status_code == 401
+        assert hashes == KEY_FAILURES_MAX
+        for token in (f"{prefix}.{'A' * 43}", key):  # blocked: no hash, the right key too
+            r = b.c.get("/v1/whoami", headers=_bearer(token))
+            assert r.status_code == 401 and r.json()["code"] == "SASL_AUTHENTICATION_FAILED"
+        assert hashes == KEY_FAILURES_MAX
+        assert b.c.get("/v1/whoami", headers=b.alice).status_code == 200  # other ids: fine
+        security.key_failures.succeeded(key_id)  # as the window's end does
+        assert b.c.get("/v1/whoami", headers=_bearer(key)).status_code == 200
+    finally:
+        verifier.check = check
+        b.c.request("DELETE", f"/v1/users/alice/keys/{key_id}", headers=b.admin)
+
+
 def test_key_listing_never_shows_hashes(broker: Broker) -> None:
     r = broker.c.get("/v1/users/alice/keys", headers=broker.admin)
     assert r.status_code == 200
@@ -468,6 +541,58 @@ def test_websocket_refusals(broker: Broker) -> None:
         ws.send_json({"op": "subscribe", "topics": [TOPIC]})
         ws.receive_text()
     assert e.value.code == 4403
+
+
+# One sample of each WebSocket message that names resources (see access.WS_MESSAGES): the
+# message, and the topics and group it names.
+WS_SAMPLES: dict[str, tuple[dict[str, Any], list[str], str | None]] = {
+    "subscribe": ({"op": "subscribe", "topics": [TOPIC]}, [TOPIC], None),
+    "join": ({"op": "join", "group": "wsg", "topics": [TOPIC]}, [TOPIC], "wsg"),
+    "commit": ({"op": "commit", "group": "wsg", "offsets": OFFSET0["offsets"]}, [TOPIC], "wsg"),
+    "produce": ({"op": "produce", "topic": TOPIC, "records": [{"value": 1}]}, [TOPIC], None),
+}
+
+
+def test_every_websocket_message_is_declared() -> None:
+    from api import ws_protocol
+
+    tags = {cls.__struct_config__.tag for cls in ws_protocol._Op.__subclasses__()}
+    assert tags == set(access.WS_MESSAGES), "a WebSocket message without an access rule"
+    assert {m for m, needs in access.WS_MESSAGES.items() if needs} == set(WS_SAMPLES)
+
+
+@pytest.mark.parametrize("message", sorted(WS_SAMPLES))
+def test_websocket_message_matrix(broker: Broker, message: str) -> None:
+    """Each message: refused without the ACLs WS_MESSAGES names (4403 for a subscription or
+    join, an error answer otherwise), served with exactly them."""
+    b = broker
+    body, topics, group = WS_SAMPLES[message]
+    sample = {**body, "id": 7}
+    needs = access.ws_requirements(message, topics, group)
+    assert needs
+
+    def answer() -> tuple[str, Any]:
+        try:
+            with _ws(b, WS, b.alice) as ws:
+                ws.send_json(sample)
+                while True:
+                    doc = ws.receive_json()
+                    if doc.get("id") == 7 or doc["type"] == "error":
+                        return doc["type"], doc
+        except WebSocketDisconnect as e:
+            return "closed", e.code
+
+    b.revoke_all()
+    kind, doc = answer()
+    assert (kind, doc) == ("closed", 4403) or (
+        kind == "error" and doc["code"].endswith("_AUTHORIZATION_FAILED")
+    ), (kind, doc)
+    b.grant(*[(op.value, r.type.value, r.name) for op, r in needs])
+    try:
+        kind, doc = answer()
+    finally:
+        b.revoke_all()
+    assert kind not in ("closed", "error"), (kind, doc)
 
 
 def test_revoked_key_closes_its_websocket(broker: Broker) -> None:
@@ -536,6 +661,21 @@ def test_auth_off_is_anonymous_and_admin_routes_work(tmp_path: Path) -> None:
         r = c.post("/v1/users", json={"name": "carol"})
         assert r.status_code == 201 and r.json()["key"].startswith("lbk.")
         assert [u["name"] for u in c.get("/v1/users").json()["users"]] == ["carol"]
+
+
+def test_bootstrap_key_from_a_file(tmp_path: Path) -> None:
+    """LOGBUS_BOOTSTRAP_KEY_FILE (a Docker secret): the first admin's key read from a file."""
+    key = generate_api_key().token
+    secret = tmp_path / "bootstrap_key"
+    secret.write_text(key + "\n")
+    with TestClient(
+        _app(tmp_path / "data", auth=True, bootstrap_key_file=secret), base_url=BASE
+    ) as c:
+        r = c.get("/v1/whoami", headers=_bearer(key))
+        assert r.status_code == 200 and r.json()["principal"] == "User:admin", r.text
+    secret.write_text("not a key")
+    with pytest.raises(ValueError, match="bootstrap_key: expected an API key"):
+        Settings(data_dir=tmp_path / "d2", auth=True, bootstrap_key_file=secret)
 
 
 def test_jwt_bearer(tmp_path: Path) -> None:

@@ -80,6 +80,8 @@ async def test_routes_round_trip_and_refuse_bad_input(tmp_path: Path) -> None:
             {"entity": {"user": ""}, "quotas": {P: 1}},
             {"entity": {"group": "x"}, "quotas": {P: 1}},
             {"entity": {"user": "a" * 256}, "quotas": {P: 1}},
+            {"entity": {"client_id": "bad id!"}, "quotas": {P: 1}},  # no client could send it
+            {"entity": {"client_id": "é"}, "quotas": {P: 1}},
             {"entity": {"user": "a"}, "quotas": {"bogus": 1}},
             {"entity": {"user": "a"}, "quotas": {P: -1}},
             {"entity": {"user": "a"}, "quotas": {P: "fast"}},

@@ -29,6 +29,7 @@ from auth_quotas.credentials import (
     BearerCredentials,
     Identity,
     JwtValidator,
+    KeyFailureLimiter,
     ScopedTokenSigner,
     StoredKey,
     default_hasher,
@@ -187,6 +188,27 @@ def test_cache_is_bounded_expires_and_forgets_users() -> None:
     assert all(verifier.cached(t, 1) is None or verifier.cached(t, 1).user != "u0" for t in tokens)  # type: ignore[union-attr]
     verifier.clear()
     assert len(verifier) == 0
+
+
+def test_key_failures_block_a_key_id_at_the_limit_until_the_window_ends() -> None:
+    limiter = KeyFailureLimiter(max_failures=5, window_ms=60_000, max_entries=3)
+    for i in range(4):
+        limiter.failed("a", 1_000 + i)
+        assert not limiter.blocked("a", 1_000 + i)  # below the limit: still verified
+    limiter.failed("a", 2_000)
+    assert limiter.blocked("a", 2_000) and limiter.blocked("a", 60_999)
+    assert not limiter.blocked("b", 2_000)  # per key id
+    assert not limiter.blocked("a", 61_000)  # the window (from the first failure) ended
+    assert len(limiter) == 0  # and the entry is gone
+    for _ in range(5):
+        limiter.failed("a", 70_000)
+    limiter.succeeded("a")  # a success (a cached key does not get here) forgets the failures
+    assert not limiter.blocked("a", 70_001)
+    for key_id in "wxyz":  # bounded: the least recently failed id is forgotten first
+        for _ in range(5):
+            limiter.failed(key_id, 80_000)
+    assert len(limiter) == 3 and not limiter.blocked("w", 80_001)
+    assert all(limiter.blocked(k, 80_001) for k in "xyz")
 
 
 def test_a_stored_hash_for_another_key_id_is_refused() -> None:

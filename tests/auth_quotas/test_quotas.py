@@ -107,7 +107,19 @@ def test_entity_and_quota_validation() -> None:
     assert E.from_dict({"client_id": "<default>"}) == E(client_id=DEFAULT)
     for e in ALL_LEVELS:
         assert E.from_dict(e.to_dict()) == e
-    for bad in ({}, {"user": ""}, {"user": 3}, {"group": "x"}, {"user": "x" * 256}):
+    assert E.from_dict({"user": "CN=alice,O=eng"}) == E("CN=alice,O=eng")  # an mTLS user
+    assert E.from_dict({"client_id": "a" * 255}) == E(client_id="a" * 255)  # at the limit
+    bad_entities: list[dict[str, object]] = [
+        {},
+        {"user": ""},
+        {"user": 3},
+        {"group": "x"},
+        {"user": "x" * 256},
+        {"client_id": "a" * 256},
+        {"client_id": "a b"},  # what Logbus-Client-Id refuses, a quota refuses
+        {"client_id": "a/b"},
+    ]
+    for bad in bad_entities:
         with pytest.raises(InvalidQuotaError) as info:
             E.from_dict(bad)
         assert info.value.http_status == 400

@@ -344,3 +344,38 @@ def test_leader_url_waits_for_an_election() -> None:
     assert len(sleeps) == 2
     single, _ = _router(FakeCluster(clustered=False), warm=False)
     assert single.leader_url("t", 0) is None
+
+
+def test_the_api_key_goes_with_every_request_to_every_broker() -> None:
+    """Metadata, the first hop, the followed redirect and a producer session's init all carry
+    it (sync and async routers)."""
+    from logbus_client.producer import ProducerSession
+
+    key = "lbk.0123456789abcdef.secret"
+    seen: list[tuple[str, str | None]] = []
+
+    def handle(fake: FakeCluster, request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, request.headers.get("authorization")))
+        return fake.handle(request)
+
+    fake = FakeCluster(leader=3)
+    router = Router(A, api_key=key, transport=httpx.MockTransport(lambda r: handle(fake, r)))
+    assert _produce(router, idempotent=False).status_code == 200
+    ProducerSession(router, "t").init()  # the fake answers 421: only what was sent matters
+    assert [b for b, _ in fake.sends()] == [A, C]  # a redirect was followed
+    assert {path for path, _ in seen} == {"/v1/cluster", PRODUCE, "/v1/producers"}
+    assert {auth for _, auth in seen} == {f"Bearer {key}"}
+    assert key not in repr(router.http.headers)
+
+    async def run_async() -> None:
+        fake2 = FakeCluster(leader=2)
+        transport = httpx.MockTransport(lambda r: handle(fake2, r))
+        async with AsyncRouter(A, api_key=key, transport=transport) as ar:
+            r = await ar.request("GET", PRODUCE, partition=("t", 0), idempotent=True)
+            assert r.status_code == 200
+
+    seen.clear()
+    asyncio.run(run_async())
+    assert len(seen) >= 3 and {auth for _, auth in seen} == {f"Bearer {key}"}
+    with pytest.raises(ValueError, match="visible ASCII"):
+        Router(A, api_key="two\nlines")

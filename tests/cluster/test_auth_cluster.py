@@ -1,5 +1,5 @@
 """Authentication on a 3-broker cluster: one bootstrap admin, replication and forwarding with
-the cluster credential, revocation and ACL changes on every broker within a second.
+the cluster credential, revocation, ACL and quota changes on every broker within a second.
 
 Propagation is bounded in polls of each broker's security watcher (``logbus_security_polls``
 in /metrics, one every 250 ms on an idle broker): a change must be applied (the poll count
@@ -185,6 +185,42 @@ def test_auth_cluster(cluster: tuple[str, dict[int, BrokerProcess]]) -> None:
     _in_force_within_polls(
         brokers, admin, remove_read, lambda u: fetch_status(u, alice) == 403, "ACL removal"
     )
+
+    # A quota set through one broker is in force on every broker within MAX_POLLS (each
+    # answer to a client under a quota names it in RateLimit-Policy), and so is its removal.
+    def produce_answer(base: str) -> httpx.Response:
+        r = httpx.post(
+            f"{base}/v1/topics/orders/records",
+            json={"records": [{"value": "q"}]},
+            headers={**_h(admin), "Logbus-Client-Id": "quota-probe"},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        return r
+
+    assert all("ratelimit-policy" not in produce_answer(b.url).headers for b in brokers.values())
+    quota = {"entity": {"client_id": "quota-probe"}, "quotas": {"producer_byte_rate": 10}}
+
+    def set_quota() -> None:
+        r = httpx.put(f"{brokers[3].url}/v1/quotas", json=quota, headers=_h(admin), timeout=30)
+        assert r.status_code == 200, r.text
+
+    def limited(base: str) -> bool:
+        policy = produce_answer(base).headers.get("ratelimit-policy", "")
+        return '"producer_byte_rate";q=100;' in policy  # 10 B/s per 10 s
+
+    _in_force_within_polls(brokers, admin, set_quota, limited, "quota set")
+
+    def delete_quota() -> None:
+        r = httpx.delete(
+            f"{brokers[2].url}/v1/quotas", params={"client_id": "quota-probe"}, headers=_h(admin)
+        )
+        assert r.status_code == 204, r.text
+
+    def unlimited(base: str) -> bool:
+        return "ratelimit-policy" not in produce_answer(base).headers
+
+    _in_force_within_polls(brokers, admin, delete_quota, unlimited, "quota removal")
 
     # A revoked key is refused on every broker within MAX_POLLS.
     key_id = alice.split(".")[1]
