@@ -273,10 +273,10 @@ async def _http(
     byte_type = P if kind == "produce" else C if kind == "fetch" else None
     byte_res = quotas.resolve(byte_type, user, client) if byte_type is not None else None
     time_res = quotas.resolve(R, user, client)
-    # Wait out what past traffic earned, holding nothing (the body is still in the socket).
     if byte_res is None and time_res is None and not mutation:
         await app(scope, receive, send)  # no quota applies to this caller: nothing to measure
         return
+    # Wait out what past traffic earned, holding nothing (the body is still in the socket).
     owed = 0
     if byte_res is not None and byte_type is not None:
         owed = quotas.owed_ms(byte_type, byte_res)
