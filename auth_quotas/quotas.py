@@ -527,8 +527,9 @@ class Throttle:
     def headers(self, config: QuotaConfig = DEFAULT_CONFIG) -> dict[str, str]:
         """Response fields: ``Logbus-Throttle-Time-Ms`` always; ``Retry-After`` (whole
         seconds, rounded up) when throttled; for byte quotas the IETF draft's
-        ``RateLimit-Policy`` (quota ``q`` per window ``w`` of ``num - 1`` windows, the most one
-        response may carry) and ``RateLimit`` (remaining ``r``, seconds to wait ``t``)."""
+        ``RateLimit-Policy`` (quota ``q`` per window ``w`` of ``num - 1`` windows: the policy
+        over the span an established client is measured over) and ``RateLimit`` (remaining
+        ``r``, seconds to wait ``t``)."""
         out = {"Logbus-Throttle-Time-Ms": str(self.throttle_time_ms)}
         if self.throttle_time_ms > 0:
             out["Retry-After"] = str(-(-self.throttle_time_ms // 1000))
