@@ -125,7 +125,7 @@ def _flood_process(url: str, stop: Any, running: Any, results: Any) -> None:
 
 
 def _probe(c: httpx.Client, seconds: float) -> list[float]:
-    out = []
+    out: list[float] = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         started = time.perf_counter()
