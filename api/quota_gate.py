@@ -31,7 +31,7 @@ How a client over quota is slowed (never refused, mutations aside):
   this request: how long the client should pause before the next one; a client that obeys it
   is never held), ``Retry-After`` when that is positive, and for byte quotas the IETF draft's
   ``RateLimit-Policy`` / ``RateLimit`` fields. A throttled fetch is answered later, not
-  larger: it reads at most what the quota allows in one measurement span
+  larger: it reads at most what the quota allows in one sample window
   (``max_value_in_window``: ``max_bytes`` is lowered to it), and the long-poll's ``wait_ms``
   counts from when the request came, so the throttle does not add to the wait.
 * **Streams (SSE, WebSocket pushes).** Each chunk sent is recorded; the chunk after it waits
@@ -396,7 +396,7 @@ _FIELD_NAMES: Final = {
 def _clamped_fetch(
     scope: Scope, limit: float, quotas: QuotaState, owed_ms: int, default_bytes: int
 ) -> Scope:
-    """A throttled fetch reads no more than the quota allows in one span, and its long-poll
+    """A throttled fetch reads no more than the quota allows in one window, and its long-poll
     wait counts from when it came (the throttle already spent part of it)."""
     cap = max(1, int(max_value_in_window(limit, quotas.config)))
     query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)

@@ -6,9 +6,10 @@ over SSE. The broker paces each chunk it sends (:class:`api.quota_gate._Pacer`: 
 out the throttle before its next send, so it does not read ahead or buffer for the client).
 
 What is asserted, with no absolute timing: at every moment, what the client has received is at
-most what its quota allows since the stream began — the burst a new client may take (the
-windows' span of quota, Kafka's measurement) plus the rate times the time elapsed, and 25 % for
-clocks — before the message that carried it over; and the stream keeps delivering past the
+most what its quota allows since the stream began — a burst (a new client may take one
+window's worth at once; the bound allows the whole span's, 3 windows, for a loaded machine)
+plus the rate times the time elapsed, and 25 % for clocks — before the message that carried
+it over; and the stream keeps delivering past the
 burst (it is slowed, not stopped). Without pacing the whole topic arrives at once, far above
 the bound (checked by the first assertion's message on failure).
 """

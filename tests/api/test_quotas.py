@@ -208,13 +208,13 @@ async def test_throttle_fields_are_well_formed_and_delay_is_bounded(tmp_path: Pa
         r = await _produce(c, "t", 10, "p")  # held by what it owes, at most the cap
         assert time.monotonic() - started >= 0.25
         assert r.status_code == 200
-        # A fetch over quota: held, and never asked for more than one span's worth.
+        # A fetch over quota: held, and never asked for more than one window's worth.
         r = await c.get(
             "/v1/topics/t/partitions/0/records",
             params={"offset": 2, "max_bytes": 10_000_000},
             headers={"Logbus-Client-Id": "p"},
         )
-        # max_bytes lowered to 10 s of quota (10 KB): the one 50 KB record (at least one is
+        # max_bytes lowered to 1 s of quota (1 KB): the one 50 KB record (at least one is
         # always answered), not the rest of the partition
         assert r.status_code == 200 and len(r.json()["records"]) == 1
         assert r.headers["ratelimit-policy"].startswith('"consumer_byte_rate";q=10000;')
