@@ -359,16 +359,20 @@ class Security:
         if hit is not None:
             return hit
         key_id = parse_api_key(token)
-        epoch = self.verifier.epoch
-        stored = self.keys.get(key_id)
-        if stored is None or self.key_failures.blocked(key_id, now):
+        if key_id not in self.keys or self.key_failures.blocked(key_id, now):
             raise InvalidCredentialsError("unknown or revoked API key")  # no hash
         async with self._hashing:
             # Many connections of one client arrive at once (a restart): the first verifies,
-            # the others find it cached here instead of hashing in turn.
+            # the others find it cached here instead of hashing in turn. Guesses queued
+            # behind the ones that reached the limit, and a key revoked meanwhile, are
+            # refused here without a hash.
             hit = self.verifier.cached(token, now)
             if hit is not None:
                 return hit
+            epoch = self.verifier.epoch
+            stored = self.keys.get(key_id)
+            if stored is None or self.key_failures.blocked(key_id, self.now_ms()):
+                raise InvalidCredentialsError("unknown or revoked API key")
             try:
                 identity = await asyncio.to_thread(self.verifier.check, token, stored)
             except InvalidCredentialsError:

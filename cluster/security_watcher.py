@@ -123,6 +123,11 @@ class SecurityWatcher:
                 await task
 
     async def _deliver(self, snapshot: SecuritySnapshot) -> None:
+        # A refresh after a local change and a poll may read the store concurrently and
+        # finish in either order: an older snapshot delivered last would undo the change (a
+        # revocation) until the next poll. Versions only grow, so an older one is dropped.
+        if self.snapshot is not None and snapshot.version < self.snapshot.version:
+            return
         result = self._on_change(snapshot)
         if asyncio.iscoroutine(result):
             await result

@@ -117,3 +117,23 @@ def test_a_waiter_cancelled_does_not_cancel_the_check(tmp_path: Path) -> None:
         assert first.cancelled()
 
     asyncio.run(scenario())
+
+
+def test_concurrent_guesses_stop_hashing_at_the_failure_limit(tmp_path: Path) -> None:
+    """Guesses at one key id queued behind each other: once KEY_FAILURES_MAX have failed, the
+    rest are refused without a hash (checked again after the wait, not only before it)."""
+    from auth_quotas.credentials import KEY_FAILURES_MAX
+
+    security, hasher, token, _ = _security(tmp_path)
+    prefix = token.rsplit(".", 1)[0]
+    guesses = [f"{prefix}.{generate_api_key().token.rsplit('.', 1)[1]}" for _ in range(20)]
+
+    async def scenario() -> list[object]:
+        calls = [asyncio.ensure_future(security.authenticate(f"Bearer {g}", None)) for g in guesses]
+        await asyncio.to_thread(hasher.started.wait, 30)
+        hasher.release.set()
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    answers = asyncio.run(scenario())
+    assert all(type(a).__name__ == "InvalidCredentialsError" for a in answers), answers
+    assert hasher.checks == KEY_FAILURES_MAX

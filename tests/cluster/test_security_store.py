@@ -547,6 +547,40 @@ def test_the_watcher_reloads_only_when_the_version_moved(store: SecurityStore) -
     assert [len(s.users) for s in delivered] == [0, 1]
 
 
+class _Sequenced:
+    """A store whose snapshot reads finish in the order the test releases them (a refresh
+    after a local change racing a poll that read the store before the change)."""
+
+    def __init__(self, store: SecurityStore) -> None:
+        self.store = store
+        self.snapshots: list[SecuritySnapshot] = []
+
+    def version(self) -> int:
+        return self.store.version()
+
+    def snapshot(self) -> SecuritySnapshot:
+        return self.snapshots.pop(0)
+
+
+def test_an_older_snapshot_delivered_late_is_dropped(store: SecurityStore) -> None:
+    old = store.snapshot()
+    store.create_user("alice", 1)
+    new = store.snapshot()
+    assert new.version > old.version
+    source = _Sequenced(store)
+    delivered: list[SecuritySnapshot] = []
+
+    async def main() -> None:
+        watcher = SecurityWatcher(source, delivered.append)
+        source.snapshots = [new, old]  # the refresh after the change finishes first
+        await watcher.refresh()
+        await watcher.refresh()  # the poll that read before the change, last
+        assert watcher.snapshot == new
+
+    asyncio.run(main())
+    assert delivered == [new]
+
+
 class _Flaky:
     """A store whose reads fail ``failures`` times first (a database restarting)."""
 
