@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import os
 import random
 import select
@@ -894,7 +895,7 @@ STDIN_READ_BYTES = 1 << 16
 class _StdinLines:
     """Lines of a file descriptor (stdin), read on the calling thread.
 
-    ``select`` waits for input with the linger timeout and ``os.read`` takes what is there
+    ``poll`` waits for input with the linger timeout and ``os.read`` takes what is there
     without waiting for a full buffer, so interactive or ``tail -f`` input is not held back.
     No thread reads stdin: a daemon thread inside ``sys.stdin.buffer.read1`` when the
     interpreter exits (after an error on the main thread) aborted it with ``Fatal Python error:
@@ -905,13 +906,17 @@ class _StdinLines:
         self.fd = fd
         self._pending = b""
         self._eof = False
+        # poll, not select: select() refuses descriptors past FD_SETSIZE (1024), which a
+        # process with many files open (the CLI run in-process by a long test session) has.
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
 
     def get(self, timeout: float | None) -> list[bytes] | object | None:
         """Complete lines (without the newline; possibly none yet), ``_EOF`` at the end, or
         None when nothing arrived within ``timeout`` seconds."""
         if self._eof:
             return _EOF
-        ready, _, _ = select.select([self.fd], [], [], timeout)
+        ready = self._poll.poll(None if timeout is None else max(0, math.ceil(timeout * 1000)))
         if not ready:
             return None
         try:

@@ -524,3 +524,27 @@ def test_the_examples_honour_logbus_url(server: BrokerProcess, http: httpx.Clien
         env=_env(server.url),
     )
     assert pipeline.returncode == 0 and server.url in pipeline.stdout, pipeline.stderr
+
+
+def test_stdin_lines_read_a_descriptor_past_fd_setsize() -> None:
+    """select() refuses descriptors >= 1024; a process with many files open (the CLI run
+    in-process by a long test session hit it) still reads its input."""
+    import resource
+
+    from api.client_cli import _EOF, _StdinLines
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft <= 1100:
+        pytest.skip(f"the open-file limit ({soft}) leaves no descriptor past 1024")
+    r, w = os.pipe()
+    high = os.dup2(r, 1050)
+    os.close(r)
+    try:
+        lines = _StdinLines(high)
+        assert lines.get(0.01) is None  # nothing yet: waits, does not fail
+        os.write(w, b"a\nb\n")
+        os.close(w)
+        assert lines.get(5) == [b"a", b"b"]
+        assert lines.get(5) is _EOF
+    finally:
+        os.close(high)
