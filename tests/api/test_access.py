@@ -97,7 +97,13 @@ def _app(data_dir: Path, **settings: Any) -> Any:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     key = generate_api_key().token
-    fast = _app(tmp_path_factory.mktemp("auth") / "data", auth=True, bootstrap_key=key)
+    # A throttled request waits at most 0.3 s here (the quota tests' requests), not a span.
+    fast = _app(
+        tmp_path_factory.mktemp("auth") / "data",
+        auth=True,
+        bootstrap_key=key,
+        quota_max_throttle_ms=300,
+    )
     with TestClient(fast, base_url=BASE) as client:
         yield Broker(client, key)
 
