@@ -55,13 +55,9 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
-import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -72,8 +68,15 @@ import orjson
 
 from api.process import BrokerProcess
 from auth_quotas.credentials import generate_api_key
-from benchmarks.cluster import Load, LoadWatch, _python_load, running, start_patiently
-from benchmarks.consumers import Figure, cpu_seconds, describe_source
+from benchmarks.cluster import (
+    Load,
+    _python_load,
+    measured_run,
+    run_summary,
+    running,
+    start_patiently,
+)
+from benchmarks.consumers import Figure, cpu_seconds
 from benchmarks.http import RECORD_BYTES, WrkResult, json_body, run_wrk
 
 CONFIGS: Final = ("none", "auth", "auth_quota")
@@ -534,30 +537,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.acls < 4:
         parser.error("--acls: at least 4 (the ones the benchmark needs)")
 
-    base = Path(args.data_dir)
-    base.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-auth-", dir=base))
-    started = time.time()
-    watch = LoadWatch()
-    try:
-        figures, extra = run(args, workdir)
-    finally:
-        watch.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-    seen = watch.values
+    figures, extra, started, seen = measured_run("auth", args, argv, run)
     print_table(figures)
     out: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-        "source": describe_source(),
-        "command": "python -m benchmarks.auth " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_start": seen[0],
-            "load_average_end": seen[-1],
-            "load_average_during": statistics.mean(seen),
-            "load_average_max": max(seen),
-        },
+        **extra.pop("_head"),
         "settings": {
             k: getattr(args, k)
             for k in ("quick", "seconds", "warmup_seconds", "rounds", "acls", "acks", "driver")
@@ -570,11 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         "figures": [asdict(f) | {"met": f.met} for f in figures],
         "extra": extra,
     }
-    print(
-        f"\n{time.time() - started:.0f} s in all; 1-min load average {seen[0]:.1f} at the "
-        f"start, {statistics.mean(seen):.1f} mean, {max(seen):.1f} max, {seen[-1]:.1f} at the "
-        f"end; driver {args.driver}; source {out['source']}"
-    )
+    print(run_summary(started, seen, args.driver, out["source"]))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0

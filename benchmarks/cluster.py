@@ -990,6 +990,51 @@ class LoadWatch:
         self.values.append(os.getloadavg()[0])
 
 
+Runner = Callable[[argparse.Namespace, Path], tuple[list[Figure], dict[str, Any]]]
+
+
+def measured_run(
+    name: str, args: argparse.Namespace, argv: list[str] | None, runner: Runner
+) -> tuple[list[Figure], dict[str, Any], float, list[float]]:
+    """Run ``runner`` in a scratch directory under ``args.data_dir`` (removed after), watching
+    the machine's load. Returns its figures and extra, when it started and the loads seen,
+    and the report's common head (date, source, command, machine) in ``extra["_head"]``."""
+    base = Path(args.data_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-", dir=base))
+    started = time.time()
+    watch = LoadWatch()
+    try:
+        figures, extra = runner(args, workdir)
+    finally:
+        watch.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    seen = watch.values
+    extra["_head"] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "source": describe_source(),
+        "command": f"python -m benchmarks.{name} "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_start": seen[0],
+            "load_average_end": seen[-1],
+            "load_average_during": statistics.mean(seen),
+            "load_average_max": max(seen),
+        },
+    }
+    return figures, extra, started, seen
+
+
+def run_summary(started: float, seen: list[float], driver: str, source: str) -> str:
+    return (
+        f"\n{time.time() - started:.0f} s in all; 1-min load average {seen[0]:.1f} at the "
+        f"start, {statistics.mean(seen):.1f} mean, {max(seen):.1f} max, {seen[-1]:.1f} at the "
+        f"end; driver {driver}; source {source}"
+    )
+
+
 def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Figure], dict[str, Any]]:
     figures: list[Figure] = []
     extra: dict[str, Any] = {"part_seconds": {}}
@@ -1092,31 +1137,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(args.only) - set(PARTS):
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
 
-    base = Path(args.data_dir)
-    base.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-cluster-", dir=base))
-    started = time.time()
-    watch = LoadWatch()
-    try:
-        figures, extra = run(args, workdir)
-    finally:
-        watch.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-    loads_seen = watch.values
+    figures, extra, started, seen = measured_run("cluster", args, argv, run)
     print_table(figures)
     out: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-        "source": describe_source(),
-        "command": "python -m benchmarks.cluster "
-        + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_start": loads_seen[0],
-            "load_average_end": loads_seen[-1],
-            "load_average_during": statistics.mean(loads_seen),
-            "load_average_max": max(loads_seen),
-        },
+        **extra.pop("_head"),
         "settings": {
             **{k: getattr(args, k) for k in ("quick", "seconds", "rounds", "lag_seconds")},
             **{k: getattr(args, k) for k in ("sample_ms", "kills", "default_kills", "driver")},
@@ -1126,11 +1150,7 @@ def main(argv: list[str] | None = None) -> int:
         "figures": [asdict(f) | {"met": f.met} for f in figures],
         "extra": extra,
     }
-    print(
-        f"\n{time.time() - started:.0f} s in all; 1-min load average {loads_seen[0]:.1f} at the "
-        f"start, {statistics.mean(loads_seen):.1f} mean, {max(loads_seen):.1f} max, "
-        f"{loads_seen[-1]:.1f} at the end; driver {args.driver}; source {out['source']}"
-    )
+    print(run_summary(started, seen, args.driver, out["source"]))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     if args.plot:
