@@ -266,10 +266,17 @@ def _user_path(user: str, *rest: str) -> str:
     return "/".join(["/v1/users", quote(user, safe=""), *rest])
 
 
+def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
+    """One request to a broker of ``--url`` (the next one if it does not answer); the
+    answer's JSON document, None when it has no body (a 204)."""
+    with cli._client(args) as client:
+        r = cli._request(client, method, path, **kwargs)
+    return r.json() if r.content else None
+
+
 def _users_create(args: argparse.Namespace) -> int:
     body = {"name": args.name, "description": args.description}
-    with cli._client(args) as client:
-        doc = cli._request(client, "POST", "/v1/users", json=body).json()
+    doc = _call(args, "POST", "/v1/users", json=body)
     if args.json:
         cli._print_json(doc)
     else:
@@ -278,8 +285,7 @@ def _users_create(args: argparse.Namespace) -> int:
 
 
 def _users_list(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        doc = cli._request(client, "GET", "/v1/users").json()
+    doc = _call(args, "GET", "/v1/users")
     if args.json:
         cli._print_json(doc)
         return 0
@@ -289,8 +295,7 @@ def _users_list(args: argparse.Namespace) -> int:
 
 
 def _users_delete(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        cli._request(client, "DELETE", _user_path(args.name))
+    _call(args, "DELETE", _user_path(args.name))
     if args.json:
         cli._print_json({"user": args.name, "deleted": True})
     else:
@@ -299,9 +304,8 @@ def _users_delete(args: argparse.Namespace) -> int:
 
 
 def _keys_create(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        path = _user_path(args.user, "keys")
-        doc = cli._request(client, "POST", path, json={"description": args.description}).json()
+    path = _user_path(args.user, "keys")
+    doc = _call(args, "POST", path, json={"description": args.description})
     if args.json:
         cli._print_json(doc)
     else:
@@ -310,8 +314,7 @@ def _keys_create(args: argparse.Namespace) -> int:
 
 
 def _keys_list(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        doc = cli._request(client, "GET", _user_path(args.user, "keys")).json()
+    doc = _call(args, "GET", _user_path(args.user, "keys"))
     if args.json:
         cli._print_json(doc)
         return 0
@@ -325,8 +328,7 @@ def _keys_list(args: argparse.Namespace) -> int:
 
 
 def _keys_revoke(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        cli._request(client, "DELETE", _user_path(args.user, "keys", args.key_id))
+    _call(args, "DELETE", _user_path(args.user, "keys", args.key_id))
     if args.json:
         cli._print_json({"user": args.user, "key_id": args.key_id, "revoked": True})
     else:
@@ -365,8 +367,7 @@ def _acls_add(args: argparse.Namespace) -> int:
         for principal in dict.fromkeys(args.principal)
         for operation in dict.fromkeys(args.operation)
     ]
-    with cli._client(args) as client:
-        doc = cli._request(client, "POST", "/v1/acls", json=body).json()
+    doc = _call(args, "POST", "/v1/acls", json=body)
     if args.json:
         cli._print_json(doc)
         return 0
@@ -381,8 +382,7 @@ def _filter_params(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _acls_list(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        doc = cli._request(client, "GET", "/v1/acls", params=_filter_params(args)).json()
+    doc = _call(args, "GET", "/v1/acls", params=_filter_params(args))
     if args.json:
         cli._print_json(doc)
         return 0
@@ -398,8 +398,7 @@ def _acls_remove(args: argparse.Namespace) -> int:
             "--pattern, --operation, --permission)",
             2,
         )
-    with cli._client(args) as client:
-        doc = cli._request(client, "DELETE", "/v1/acls", params=params).json()
+    doc = _call(args, "DELETE", "/v1/acls", params=params)
     if args.json:
         cli._print_json(doc)
         return 0
@@ -451,8 +450,7 @@ def _quotas_set(args: argparse.Namespace) -> int:
             2,
         )
     body = {"entity": entity, "quotas": values}
-    with cli._client(args) as client:
-        doc = cli._request(client, "PUT", "/v1/quotas", json=body).json()
+    doc = _call(args, "PUT", "/v1/quotas", json=body)
     if args.json:
         cli._print_json(doc)
         return 0
@@ -462,8 +460,7 @@ def _quotas_set(args: argparse.Namespace) -> int:
 
 
 def _quotas_list(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        doc = cli._request(client, "GET", "/v1/quotas", params=_entity(args)).json()
+    doc = _call(args, "GET", "/v1/quotas", params=_entity(args))
     if args.json:
         cli._print_json(doc)
         return 0
@@ -478,8 +475,7 @@ def _quotas_delete(args: argparse.Namespace) -> int:
     params: dict[str, Any] = dict(entity)
     if args.quota:
         params["quota"] = list(dict.fromkeys(args.quota))
-    with cli._client(args) as client:
-        cli._request(client, "DELETE", "/v1/quotas", params=params)
+    _call(args, "DELETE", "/v1/quotas", params=params)
     which = ", ".join(params.get("quota", [])) or "all quotas"
     if args.json:
         cli._print_json({"entity": entity, "deleted": params.get("quota", "all")})
@@ -492,8 +488,7 @@ def _quotas_delete(args: argparse.Namespace) -> int:
 
 
 def _whoami(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        doc = cli._request(client, "GET", "/v1/whoami").json()
+    doc = _call(args, "GET", "/v1/whoami")
     if args.json:
         cli._print_json(doc)
     elif doc["authenticated"]:
