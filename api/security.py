@@ -60,6 +60,7 @@ from auth_quotas.acl import (
     PatternType,
     Resource,
     ResourceType,
+    authorization_error,
     authorize,
     describable,
     parse_acl,
@@ -95,6 +96,7 @@ from cluster.security_store import (
     SecurityStore,
 )
 from cluster.security_watcher import SecurityWatcher
+from core_log.errors import LogbusError
 
 from .settings import Settings
 
@@ -448,3 +450,17 @@ class Security:
     def count_denial(self, resource_type: ResourceType) -> None:
         key = resource_type.value
         self.stats.denials[key] = self.stats.denials.get(key, 0) + 1
+
+
+def refusal(
+    security: Security, identity: Identity, reads: Iterable[Resource]
+) -> LogbusError | None:
+    """Why a long-lived reader (a WebSocket, an SSE stream) may not go on after a security
+    change: its credential no longer holds (401), or it may no longer read one of ``reads``
+    (403); None when it may."""
+    if not security.still_valid(identity):
+        return InvalidCredentialsError("credential revoked or expired")
+    for resource in reads:
+        if not security.allowed(identity, Operation.READ, resource):
+            return authorization_error(Operation.READ, resource)
+    return None

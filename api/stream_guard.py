@@ -21,26 +21,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 
-from auth_quotas.acl import Operation, Resource, authorization_error
+from auth_quotas.acl import Resource
 from auth_quotas.credentials import Identity
-from auth_quotas.errors import InvalidCredentialsError
 from core_log.errors import LogbusError
 
 from .problems import problem_body
-from .security import Security
+from .security import Security, refusal
 from .streams import sse_event
-
-
-def _refusal(
-    security: Security, identity: Identity, reads: Callable[[], Iterable[Resource]]
-) -> LogbusError | None:
-    """Why the stream may not go on, or None."""
-    if not security.still_valid(identity):
-        return InvalidCredentialsError("credential revoked or expired")
-    for resource in reads():
-        if not security.allowed(identity, Operation.READ, resource):
-            return authorization_error(Operation.READ, resource)
-    return None
 
 
 def guarded(
@@ -68,9 +55,9 @@ async def _guarded(
     def recheck() -> None:
         if stopped.done():
             return
-        refusal = _refusal(security, identity, reads)
-        if refusal is not None:
-            stopped.set_result(refusal)
+        refused = refusal(security, identity, reads())
+        if refused is not None:
+            stopped.set_result(refused)
 
     security.listeners.add(recheck)
     expiry: asyncio.TimerHandle | None = None

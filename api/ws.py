@@ -58,6 +58,7 @@ from .access import (
 )
 from .problems import problem_body
 from .rendering import encode_json_within
+from .security import refusal
 from .state import AppState
 from .ws_member import GroupLink
 
@@ -153,27 +154,21 @@ class Session:
             self._killed.set_exception(Close(code, reason))
 
     def _recheck(self) -> None:
-        """After every security change: the credential still holds, and every subscribed
-        topic and the group are still readable (Kafka checks each fetch)."""
+        """After every security change: the credential still holds, and the group and every
+        subscribed topic are still readable (Kafka checks each fetch)."""
         security = self.state.security
         if security is None:
             return
-        if not security.still_valid(self.identity):
-            self.kill(CLOSE_UNAUTHENTICATED, "credential revoked or expired")
-            return
         topics = {t for t, _ in self.positions}
+        reads = []
         if self.link is not None:
             topics.update(self.link.params.topics)
-            group = Resource(ResourceType.GROUP, self.link.group)
-            if not security.allowed(self.identity, Operation.READ, group):
-                self.kill(CLOSE_FORBIDDEN, f"not authorized to read group {self.link.group!r}")
-                return
-        for topic in sorted(topics):
-            if not security.allowed(
-                self.identity, Operation.READ, Resource(ResourceType.TOPIC, topic)
-            ):
-                self.kill(CLOSE_FORBIDDEN, f"not authorized to read topic {topic!r}")
-                return
+            reads.append(Resource(ResourceType.GROUP, self.link.group))
+        reads += [Resource(ResourceType.TOPIC, t) for t in sorted(topics)]
+        refused = refusal(security, self.identity, reads)
+        if refused is not None:
+            code = CLOSE_UNAUTHENTICATED if refused.http_status == 401 else CLOSE_FORBIDDEN
+            self.kill(code, refused.message)
 
     def _authorize(
         self, message: str, topics: Iterable[str], group: str | None, *, close: bool
