@@ -271,22 +271,18 @@ async def _http(
             await _refuse(scope, send, error, headers)
             return
     byte_type = P if kind == "produce" else C if kind == "fetch" else None
-    byte_res = quotas.resolve(byte_type, user, client) if byte_type is not None else None
-    time_res = quotas.resolve(R, user, client)
-    if byte_res is None and time_res is None and not mutation:
+    meter = quotas.meter(user, client, byte_type)
+    if meter is None and not mutation:
         await app(scope, receive, send)  # no quota applies to this caller: nothing to measure
         return
-    # Wait out what past traffic earned, holding nothing (the body is still in the socket).
     owed = 0
-    if byte_res is not None and byte_type is not None:
-        owed = quotas.owed_ms(byte_type, byte_res)
-    if time_res is not None:
-        owed = max(owed, quotas.owed_ms(R, time_res))
-    owed = min(owed, quotas.config.throttle_cap_ms)
-    if owed:
-        await asyncio.sleep(owed / 1000)
-    if kind == "fetch" and byte_res is not None:
-        scope = _clamped_fetch(scope, byte_res.limit, quotas, owed, default_fetch_bytes)
+    if meter is not None:
+        # Wait out what past traffic earned, holding nothing (the body is still in the socket).
+        owed = quotas.owed(meter)
+        if owed:
+            await asyncio.sleep(owed / 1000)
+        if kind == "fetch" and meter.byte_sensor is not None:
+            scope = _clamped_fetch(scope, meter.byte_limit, quotas, owed, default_fetch_bytes)
     before = 0
     if kind in ("delete", "add"):
         named = (_TOPIC if kind == "delete" else _ADD_PARTITIONS).match(scope["path"])
@@ -305,28 +301,24 @@ async def _http(
     captured: list[bytes] = []
     captured_size = 0
     pacer: _Pacer | None = None
-    timed: _Timed
+    timed: _Timed | None = None
+    byte_res = None if meter is None else meter.byte_res
 
     async def gated_send(message: Message) -> None:
         nonlocal status, pacer, captured_size
         if message["type"] == "http.response.start":
             status = message["status"]
-            headers = list(message.get("headers", ()))
-            throttles: list[Throttle] = []
-            if byte_res is not None and byte_type is P:
-                throttles.append(quotas.record(P, byte_res, received))
-            elif byte_res is not None and byte_type is C:
-                length = next((v for k, v in headers if k.lower() == b"content-length"), None)
-                if length is not None and length.isdigit():
-                    throttles.append(quotas.record(C, byte_res, int(length)))
-                else:  # a stream: measured chunk by chunk
-                    pacer = _Pacer(quotas, C, byte_res)
-                    throttles.append(quotas.record(C, byte_res, 0))
-            if time_res is not None:
-                throttles.append(quotas.record(R, time_res, timed.so_far()))
-            if throttles:
-                headers.extend(_response_headers(throttles, quotas))
-            message = {**message, "headers": headers}
+            if meter is not None:
+                value = received
+                if byte_type is C and byte_res is not None:
+                    length = _content_length(message.get("headers", ()))
+                    if length is not None and length.isdigit():
+                        value = int(length)
+                    else:  # a stream: measured chunk by chunk
+                        pacer = _Pacer(quotas, C, byte_res)
+                        value = 0
+                fields = quotas.charge(meter, value, 0 if timed is None else timed.so_far())
+                message = {**message, "headers": [*message.get("headers", ()), *fields]}
         elif message["type"] == "http.response.body":
             body = message.get("body", b"")
             if pacer is not None and body:
@@ -340,10 +332,10 @@ async def _http(
         await send(message)
 
     # Only what a quota reads is wrapped: the body count (produce), the handler's time.
-    measured_receive = counted_receive if byte_type is P and byte_res is not None else receive
-    handler = app(scope, measured_receive, gated_send)
+    measured = meter is not None and byte_type is P and meter.byte_sensor is not None
+    handler = app(scope, counted_receive if measured else receive, gated_send)
     try:
-        if time_res is not None:
+        if meter is not None and meter.time_sensor is not None:
             timed = _Timed(handler)  # type: ignore[arg-type]
             await timed
         else:
@@ -351,6 +343,10 @@ async def _http(
     finally:
         if mutation and 200 <= status < 300:
             quotas.mutation_done(user, client, _permits(kind, before, b"".join(captured)))
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    return next((v for k, v in headers if k.lower() == b"content-length"), None)
 
 
 def _permits(kind: str, before: int, answer: bytes) -> int:
@@ -365,32 +361,6 @@ def _permits(kind: str, before: int, answer: bytes) -> int:
     if kind == "create":
         return max(count, 1)
     return max(count - before, 1)
-
-
-def _response_headers(throttles: list[Throttle], quotas: QuotaState) -> list[tuple[bytes, bytes]]:
-    """The throttle fields of an answer: the largest throttle of all that applied; the byte
-    quota's RateLimit fields (of the last byte quota that has them)."""
-    worst = throttles[0]
-    for t in throttles:
-        if t.throttle_time_ms > worst.throttle_time_ms:  # the first of the largest
-            worst = t
-    fields = worst.headers(quotas.config)
-    policy = None
-    for t in throttles:
-        if t.quota_type is not R:
-            own = fields if t is worst else t.headers(quotas.config)
-            if "RateLimit" in own:
-                policy = own
-    if policy is not None:
-        fields["RateLimit-Policy"] = policy["RateLimit-Policy"]
-        fields["RateLimit"] = policy["RateLimit"]
-    return [(_FIELD_NAMES.get(k) or k.lower().encode(), v.encode()) for k, v in fields.items()]
-
-
-_FIELD_NAMES: Final = {
-    name: name.lower().encode()
-    for name in ("Logbus-Throttle-Time-Ms", "Retry-After", "RateLimit-Policy", "RateLimit")
-}
 
 
 def _clamped_fetch(

@@ -49,6 +49,7 @@ from auth_quotas.quotas import (
     DEFAULT_CONFIG,
     SENSOR_IDLE_EXPIRY_MS,
     EntityPart,
+    Meter,
     QuotaConfig,
     QuotaEntity,
     QuotaSensors,
@@ -168,9 +169,10 @@ class QuotaState:
         self._idle_ms = idle_expiry_ms
         self.sensors = QuotaSensors(config, max_sensors=max_sensors, idle_expiry_ms=idle_expiry_ms)
         self._buckets: OrderedDict[tuple[str, str], tuple[TokenBucket, int]] = OrderedDict()
-        # throttle handed out per sensor (for /metrics), bounded like the sensors
-        self._throttled: OrderedDict[tuple[QuotaType, tuple[str, str]], float] = OrderedDict()
-        self._limits: dict[tuple[QuotaType, tuple[str, str]], float] = {}
+        # (user, client id, byte quota type) -> its Meter, or None when no quota applies; for
+        # the table in force and while no sensor was dropped (_meters_evictions)
+        self._meters: dict[tuple[str, str, QuotaType | None], Meter | None] = {}
+        self._meters_evictions = 0
 
     @property
     def active(self) -> bool:
@@ -184,8 +186,44 @@ class QuotaState:
     def apply(self, rows: Iterable[QuotaRow], version: int = -1) -> None:
         self.table = table_of(rows)
         self.version = version
+        self._meters.clear()
         if not self.active:
             self._buckets.clear()
+
+    # -- the per-request path ----------------------------------------------------------------
+
+    def meter(self, user: str, client: str, byte_type: QuotaType | None) -> Meter | None:
+        """What a request of ``user``/``client`` is measured against: its ``byte_type`` quota
+        (producer or consumer bytes; None: the request moves no record bytes) and request
+        time. None when neither applies. Resolved once per caller and table."""
+        if self._meters_evictions != self.sensors.evictions:
+            self._meters.clear()  # a meter may hold a dropped sensor
+            self._meters_evictions = self.sensors.evictions
+        key = (user, client, byte_type)
+        try:
+            return self._meters[key]
+        except KeyError:
+            pass
+        byte_res = None if byte_type is None else self.resolve(byte_type, user, client)
+        time_res = self.resolve(QuotaType.REQUEST_PERCENTAGE, user, client)
+        meter = None
+        if byte_res is not None or time_res is not None:
+            meter = self.sensors.meter(byte_type, byte_res, time_res, self.clock())
+            self._meters_evictions = self.sensors.evictions  # made it: it holds live sensors
+        if len(self._meters) >= self.max_sensors:
+            self._meters.clear()
+        self._meters[key] = meter
+        return meter
+
+    def owed(self, meter: Meter) -> int:
+        """How long the request must wait before it is served (ms): what remains of the
+        throttle its caller's traffic earned, at most ``max_throttle_ms``."""
+        return min(self.sensors.owed(meter, self.clock()), self.config.throttle_cap_ms)
+
+    def charge(self, meter: Meter, value: float, handler_ns: int) -> list[tuple[bytes, bytes]]:
+        """Record the request (``value`` bytes; ``handler_ns`` of handler time); its answer's
+        throttle fields."""
+        return self.sensors.charge(meter, value, handler_ns, self.clock())
 
     # -- byte rates and request time ---------------------------------------------------------
 
@@ -200,31 +238,12 @@ class QuotaState:
         """Record ``value`` (bytes; request time: handler nanoseconds) against ``res``;
         ``value`` 0 asks how throttled the caller is now."""
         now = self.clock() if now_ms is None else now_ms
-        throttle = self.sensors.record(quota_type, res, value, now)
-        self._account(quota_type, res, throttle.throttle_time_ms, now)
-        return throttle
+        return self.sensors.record(quota_type, res, value, now)
 
     def owed_ms(self, quota_type: QuotaType, res: Resolution) -> int:
-        """``record(quota_type, res, 0).throttle_time_ms`` (how long the caller's past
-        traffic says to wait now), without building the :class:`Throttle` nobody reads."""
-        now = self.clock()
-        throttle_ms = self.sensors.observe(quota_type, res, 0, now)[0]
-        self._account(quota_type, res, throttle_ms, now)
-        return throttle_ms
-
-    def _account(self, quota_type: QuotaType, res: Resolution, throttle_ms: int, now: int) -> None:
-        """The /metrics side of a record: the limit, and the throttle time handed out."""
-        key = (quota_type, res.sensor_key)
-        self._limits[key] = res.limit
-        if throttle_ms or key in self._throttled:
-            total = self._throttled.pop(key, 0.0) + throttle_ms
-            self._throttled[key] = total
-            while len(self._throttled) > self.max_sensors:
-                gone, _ = self._throttled.popitem(last=False)
-                self._limits.pop(gone, None)
-        if len(self._limits) > 2 * self.max_sensors:  # limits of dropped sensors
-            live = set(self.sensors.rates(now))
-            self._limits = {k: v for k, v in self._limits.items() if k in live}
+        """How long the caller must wait before its request is served: what remains of the
+        throttle its recorded traffic earned (the delay its last answer announced)."""
+        return self.sensors.owed_ms(quota_type, res, self.clock())
 
     # -- controller mutations (KIP-599) ------------------------------------------------------
 
@@ -269,15 +288,9 @@ class QuotaState:
     def stats(self, limit: int = METRICS_MAX_ENTITIES) -> Iterator[EntityStats]:
         """The most recently active sensors, at most ``limit``."""
         now = self.clock()
-        for (quota_type, (user, client)), rate in self.sensors.recent(limit, now):
-            key = (quota_type, (user, client))
+        for (quota_type, (user, client)), sensor in self.sensors.recent(limit):
             yield EntityStats(
-                quota_type,
-                user,
-                client,
-                rate,
-                self._limits.get(key, math.inf),
-                self._throttled.get(key, 0.0),
+                quota_type, user, client, sensor.measure(now), sensor.limit, sensor.throttled_ms
             )
 
     def __len__(self) -> int:

@@ -329,16 +329,23 @@ class SampledRate:
     Not thread-safe; the wiring owns one per sensor key on one event loop. ``now_ms`` must not
     go backwards by more than a window (a backwards step is treated as "now")."""
 
-    __slots__ = ("_config", "_current", "_samples")
+    __slots__ = ("_config", "_current", "_fresh_until", "_oldest", "_others", "_samples")
 
     def __init__(self, config: QuotaConfig = DEFAULT_CONFIG) -> None:
         self._config = config
         self._samples: list[_Sample] = []
         self._current = 0
+        # What a full pass over the samples found, valid until a sample could expire or the
+        # current one rolls: the sum of the samples other than the current one, and the
+        # oldest start. Most requests then read the rate in O(1) (it runs on every request).
+        self._others = 0.0
+        self._oldest = 0
+        self._fresh_until: float = -math.inf
 
     def record(self, value: float, now_ms: int) -> None:
         if not self._samples:
             self._samples.append(_Sample(now_ms, now_ms))
+            self._fresh_until = -math.inf
         sample = self._samples[self._current]
         if now_ms - sample.start_ms >= self._config.window_size_ms:
             # one spare slot: the oldest sample may overlap the start of the window
@@ -350,16 +357,21 @@ class SampledRate:
                 sample = self._samples[self._current]
                 sample.start_ms = sample.last_ms = now_ms
                 sample.value = 0.0
+            self._fresh_until = -math.inf
         sample.value += value
         sample.last_ms = now_ms
 
     def snapshot(self, now_ms: int) -> tuple[float, int]:
-        """(sum of live samples, the span the rate divides by) in one pass: the span is the
-        time since the oldest live sample, at least one full window (see the module
-        docstring for why not Kafka's ``window_num - 1``)."""
+        """(sum of live samples, the span the rate divides by): the span is the time since
+        the oldest live sample, at least one full window (see the module docstring for why
+        not Kafka's ``window_num - 1``)."""
+        if now_ms < self._fresh_until:
+            current = self._samples[self._current].value
+            return self._others + current, max(now_ms - self._oldest, self._config.window_size_ms)
         expire_ms = self._config.window_num * self._config.window_size_ms
         total = 0.0
         oldest = now_ms
+        first_expiry = math.inf
         for s in self._samples:
             if now_ms - s.last_ms >= expire_ms:  # purge: no event within the whole window
                 s.start_ms = s.last_ms = now_ms
@@ -367,10 +379,27 @@ class SampledRate:
             total += s.value
             if s.start_ms < oldest:
                 oldest = s.start_ms
+            if s.last_ms + expire_ms < first_expiry:
+                first_expiry = s.last_ms + expire_ms
+        if self._samples:
+            # Until then no sample expires (the current one's last_ms only grows) and only
+            # record() changes a sample (it invalidates this on a roll).
+            self._others = total - self._samples[self._current].value
+            self._oldest = oldest
+            self._fresh_until = first_expiry
         return total, max(now_ms - oldest, self._config.window_size_ms)
 
     def observe(self, value: float, now_ms: int) -> tuple[float, int]:
-        """:meth:`record` then :meth:`snapshot`, in one call (the per-request path)."""
+        """:meth:`record` then :meth:`snapshot`, in one call (the per-request path: within
+        the current sample and before any expiry, two additions)."""
+        if now_ms < self._fresh_until:
+            sample = self._samples[self._current]
+            if now_ms - sample.start_ms < self._config.window_size_ms:
+                sample.value += value
+                sample.last_ms = now_ms
+                window_ms = now_ms - self._oldest
+                size_ms = self._config.window_size_ms
+                return self._others + sample.value, window_ms if window_ms > size_ms else size_ms
         self.record(value, now_ms)
         return self.snapshot(now_ms)
 
@@ -403,6 +432,11 @@ class RateSensor:
 
     config: QuotaConfig = DEFAULT_CONFIG
     rate: SampledRate = field(init=False)
+    # When the throttle the recorded values earned ends (the ``now_ms`` clock): a request
+    # arriving before then waits it out (QuotaSensors.owed_ms; Kafka mutes the channel).
+    due_ms: int = field(init=False, default=0)
+    limit: float = field(init=False, default=math.inf)  # the last limit, ``due_ms``'s
+    throttled_ms: float = field(init=False, default=0.0)  # throttle time handed out, in all
 
     def __post_init__(self) -> None:
         self.rate = SampledRate(self.config)
@@ -418,10 +452,17 @@ class RateSensor:
         """:meth:`record`, also returning the window's total and span for the caller's
         ``remaining`` (one pass over the samples per request)."""
         total, window_ms = self.rate.observe(value, now_ms)
-        if math.isinf(limit):
+        if limit == math.inf:
             return 0, total, window_ms
         cap = self.config.throttle_cap_ms if cap_ms is None else cap_ms
-        return throttle_time_ms(total * 1000.0 / window_ms, limit, window_ms, cap), total, window_ms
+        throttle = throttle_time_ms(total * 1000.0 / window_ms, limit, window_ms, cap)
+        if limit != self.limit:  # a changed quota: what was earned under the old one goes
+            self.due_ms, self.limit = 0, limit
+        if throttle:
+            self.throttled_ms += throttle
+            if now_ms + throttle > self.due_ms:
+                self.due_ms = now_ms + throttle
+        return throttle, total, window_ms
 
     def record_request_time(self, handler_ns: int, now_ms: int, limit_percent: float) -> int:
         """``request_percentage``: record handler time; the throttle is capped at one window."""
@@ -435,7 +476,7 @@ class RateSensor:
 
 def request_time_percent(handler_ns: int) -> float:
     """Handler time as Kafka records it for ``request_percentage``: 1 s busy = 100."""
-    return handler_ns * 100.0 / 1e9
+    return handler_ns / 1e7  # * 100 / 1e9, in one correctly rounded step
 
 
 def max_value_in_window(limit: float, config: QuotaConfig = DEFAULT_CONFIG) -> float:
@@ -570,6 +611,32 @@ def _rate_limit_policy(quota_type: QuotaType, limit: float, config: QuotaConfig)
     return hit
 
 
+_THROTTLE_FIELD: Final = b"logbus-throttle-time-ms"
+_RETRY_AFTER_FIELD: Final = b"retry-after"
+_POLICY_FIELD: Final = b"ratelimit-policy"
+_RATE_LIMIT_FIELD: Final = b"ratelimit"
+
+
+@dataclass(slots=True)
+class Meter:
+    """The sensors and limits one caller's requests of one kind are measured against
+    (:meth:`QuotaSensors.meter`): a byte quota (producer or consumer) and request time, either
+    absent when no quota of that type applies, and the byte quota's ``RateLimit-Policy``."""
+
+    byte_type: QuotaType | None = None
+    byte_limit: float = math.inf
+    byte_res: Resolution | None = None
+    byte_key: tuple[QuotaType, tuple[str, str]] = (QuotaType.PRODUCER_BYTE_RATE, ("", ""))
+    byte_sensor: RateSensor | None = None
+    byte_cap_ms: int = 0
+    policy: bytes | None = None
+    policy_quota: int = 0
+    rate_limit_name: bytes = b""
+    time_limit: float = math.inf
+    time_key: tuple[QuotaType, tuple[str, str]] = (QuotaType.REQUEST_PERCENTAGE, ("", ""))
+    time_sensor: RateSensor | None = None
+
+
 class QuotaSensors:
     """Every measured rate of one broker, keyed by (quota type, sensor key).
 
@@ -590,6 +657,7 @@ class QuotaSensors:
         self._sensors: OrderedDict[tuple[QuotaType, tuple[str, str]], tuple[RateSensor, int]] = (
             OrderedDict()
         )
+        self.evictions = 0  # sensors dropped so far: a Meter holding one is stale
 
     def __len__(self) -> int:
         return len(self._sensors)
@@ -609,7 +677,112 @@ class QuotaSensors:
             if len(self._sensors) <= self._max and now_ms - last_ms < self._idle_ms:
                 break
             self._sensors.popitem(last=False)
+            self.evictions += 1
         return sensor
+
+    def meter(
+        self,
+        byte_type: QuotaType | None,
+        byte_res: Resolution | None,
+        time_res: Resolution | None,
+        now_ms: int,
+    ) -> Meter:
+        """What one caller's requests are measured against, resolved once (a caller memoises
+        it per table and while :attr:`evictions` is unchanged): :meth:`charge` then records a
+        request with a few additions."""
+        m = Meter()
+        if byte_type is not None and byte_res is not None:
+            m.byte_type, m.byte_res, m.byte_limit = byte_type, byte_res, byte_res.limit
+            m.byte_cap_ms = self.config.throttle_cap_ms
+            m.byte_key = (byte_type, byte_res.sensor_key)
+            m.byte_sensor = self._fresh(byte_type, byte_res, now_ms)
+            if byte_type in _QUOTA_UNITS:
+                policy, m.policy_quota = _rate_limit_policy(byte_type, byte_res.limit, self.config)
+                m.policy = policy.encode()
+                m.rate_limit_name = f'"{byte_type.value}"'.encode()
+        if time_res is not None:
+            m.time_limit = time_res.limit
+            m.time_key = (QuotaType.REQUEST_PERCENTAGE, time_res.sensor_key)
+            m.time_sensor = self._fresh(QuotaType.REQUEST_PERCENTAGE, time_res, now_ms)
+        return m
+
+    def _fresh(self, quota_type: QuotaType, res: Resolution, now_ms: int) -> RateSensor:
+        """The sensor of ``res``; if its quota changed, what it owes is recomputed under the
+        new limit (a raised quota frees the caller at once)."""
+        sensor = self.sensor(quota_type, res.sensor_key, now_ms)
+        if sensor.limit != res.limit and not math.isinf(sensor.limit):
+            self.observe(quota_type, res, 0, now_ms)
+        return sensor
+
+    def charge(
+        self, meter: Meter, value: float, handler_ns: int, now_ms: int
+    ) -> list[tuple[bytes, bytes]]:
+        """Record one request (``value`` bytes of the meter's byte quota, ``handler_ns`` of
+        handler time) and return its response fields, as :meth:`Throttle.headers` renders
+        them for the largest throttle (the byte quota's ``RateLimit`` fields besides). The
+        per-request path: no objects but the fields themselves."""
+        worst = 0
+        rate_limit: tuple[bytes, int, int] | None = None
+        sensors = self._sensors
+        sensor = meter.byte_sensor
+        if sensor is not None:
+            throttle, total, window_ms = sensor.observe(
+                value, now_ms, meter.byte_limit, meter.byte_cap_ms
+            )
+            worst = throttle
+            sensors.move_to_end(meter.byte_key)
+            sensors[meter.byte_key] = (sensor, now_ms)
+            if meter.policy is not None:
+                left = meter.byte_limit * window_ms / 1000 - total
+                rate_limit = (
+                    meter.policy,
+                    min(meter.policy_quota, int(left) if left > 0 else 0),
+                    throttle,
+                )
+        sensor = meter.time_sensor
+        if sensor is not None:
+            throttle = sensor.observe(
+                handler_ns / 1e7, now_ms, meter.time_limit, self.config.window_size_ms
+            )[0]
+            if throttle > worst:
+                worst = throttle
+            sensors.move_to_end(meter.time_key)
+            sensors[meter.time_key] = (sensor, now_ms)
+        fields = [(_THROTTLE_FIELD, b"%d" % worst)]
+        if worst:
+            fields.append((_RETRY_AFTER_FIELD, b"%d" % -(-worst // 1000)))
+        if rate_limit is not None:
+            policy, left_units, throttle = rate_limit
+            fields.append((_POLICY_FIELD, policy))
+            fields.append(
+                (
+                    _RATE_LIMIT_FIELD,
+                    b"%s;r=%d;t=%d" % (meter.rate_limit_name, left_units, -(-throttle // 1000)),
+                )
+            )
+        return fields
+
+    def owed(self, meter: Meter, now_ms: int) -> int:
+        """How long the caller of ``meter`` must wait now (:meth:`owed_ms` of its sensors)."""
+        owed = 0
+        if meter.byte_sensor is not None:
+            owed = meter.byte_sensor.due_ms - now_ms
+        if meter.time_sensor is not None and meter.time_sensor.due_ms - now_ms > owed:
+            owed = meter.time_sensor.due_ms - now_ms
+        return owed if owed > 0 else 0
+
+    def owed_ms(self, quota_type: QuotaType, resolution: Resolution, now_ms: int) -> int:
+        """How much longer the throttle the caller's recorded traffic earned lasts (0: none):
+        the wait of a request arriving now. O(1), unlike reading the rate; after a quota
+        change, the rate is read again against the new limit."""
+        entry = self._sensors.get((quota_type, resolution.sensor_key))
+        if entry is None:
+            return 0
+        sensor = entry[0]
+        if resolution.limit != sensor.limit:
+            return self.observe(quota_type, resolution, 0, now_ms)[0]
+        owed = sensor.due_ms - now_ms
+        return owed if owed > 0 else 0
 
     def record(
         self, quota_type: QuotaType, resolution: Resolution, value: float, now_ms: int
@@ -637,16 +810,14 @@ class QuotaSensors:
             )
         return sensor.observe(value, now_ms, resolution.limit, None)
 
-    def recent(
-        self, limit: int, now_ms: int
-    ) -> list[tuple[tuple[QuotaType, tuple[str, str]], float]]:
-        """The rates of the ``limit`` most recently used sensors, newest first (``/metrics``
-        shows these, so its label cardinality is bounded whatever the sensor cap)."""
-        out: list[tuple[tuple[QuotaType, tuple[str, str]], float]] = []
+    def recent(self, limit: int) -> list[tuple[tuple[QuotaType, tuple[str, str]], RateSensor]]:
+        """The ``limit`` most recently used sensors, newest first (``/metrics`` shows these,
+        so its label cardinality is bounded whatever the sensor cap)."""
+        out: list[tuple[tuple[QuotaType, tuple[str, str]], RateSensor]] = []
         for k, (s, _) in reversed(self._sensors.items()):
             if len(out) >= limit:
                 break
-            out.append((k, s.measure(now_ms)))
+            out.append((k, s))
         return out
 
     def rates(self, now_ms: int) -> dict[tuple[QuotaType, tuple[str, str]], float]:

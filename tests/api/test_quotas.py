@@ -328,3 +328,33 @@ def test_sensors_and_buckets_expire_when_idle() -> None:
     # A quota type this version does not know (a newer broker stored it) is skipped.
     quotas.apply([QuotaRow(None, "a", "future_rate", 1.0)])
     assert not quotas.active
+
+
+def test_meters_follow_the_table_and_the_sensors() -> None:
+    """A caller's Meter is resolved once per table: a quota change gives a new one (a raised
+    quota frees a throttled caller at once); a dropped sensor is never measured into."""
+    now = [0]
+    quotas = QuotaState(QuotaConfig(), clock=lambda: now[0], max_sensors=2)
+    quotas.apply([QuotaRow(None, "c", P, 100.0)])
+    meter = quotas.meter(ANONYMOUS, "c", QuotaType.PRODUCER_BYTE_RATE)
+    assert meter is not None and meter.byte_limit == 100.0 and meter.time_sensor is None
+    assert quotas.meter(ANONYMOUS, "c", QuotaType.PRODUCER_BYTE_RATE) is meter
+    assert quotas.meter(ANONYMOUS, "other", QuotaType.PRODUCER_BYTE_RATE) is None
+    fields = dict(quotas.charge(meter, 1000, 0))
+    assert fields[b"logbus-throttle-time-ms"] == b"9000"  # (1000 - 100) / 100 x 1 s
+    assert quotas.owed(meter) == 9000
+    quotas.apply([QuotaRow(None, "c", P, 10_000.0)])
+    raised = quotas.meter(ANONYMOUS, "c", QuotaType.PRODUCER_BYTE_RATE)
+    assert raised is not None and raised is not meter and raised.byte_limit == 10_000.0
+    assert quotas.owed(raised) == 0
+    # Two more callers with their own (default) sensors push the first one out.
+    quotas.apply([QuotaRow(None, "<default>", P, 10_000.0)])
+    first = quotas.meter(ANONYMOUS, "c", QuotaType.PRODUCER_BYTE_RATE)
+    assert first is not None
+    for client in ("d", "e"):
+        now[0] += 1
+        assert quotas.meter(ANONYMOUS, client, QuotaType.PRODUCER_BYTE_RATE) is not None
+    again = quotas.meter(ANONYMOUS, "c", QuotaType.PRODUCER_BYTE_RATE)
+    assert again is not None and again is not first
+    quotas.charge(again, 1, 0)
+    assert next(e.client_id for e in quotas.stats()) == "c"  # measured in the live sensor

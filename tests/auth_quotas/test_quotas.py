@@ -160,6 +160,38 @@ def test_samples_expire_after_the_full_window() -> None:
     assert steady.measure(59_900) == pytest.approx(10_000, rel=0.02)
 
 
+def _full_pass(rate: SampledRate, now_ms: int) -> tuple[float, int]:
+    """The snapshot recomputed from the samples, as a fresh rate would see them."""
+    expire_ms = QuotaConfig().window_num * QuotaConfig().window_size_ms
+    live = [s for s in rate._samples if now_ms - s.last_ms < expire_ms]
+    oldest = min([now_ms, *(s.start_ms for s in live)])
+    return sum(s.value for s in live), max(now_ms - oldest, QuotaConfig().window_size_ms)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 4000), st.integers(0, 10_000), st.booleans()),
+        min_size=1,
+        max_size=120,
+    )
+)
+def test_the_cached_snapshot_equals_a_full_pass(steps: list[tuple[int, int, bool]]) -> None:
+    """snapshot() answers most calls from what its last full pass found; whatever the
+    sequence of records, reads and idle gaps (past a sample's expiry, past the whole span),
+    it says what a full pass over the samples says."""
+    rate = SampledRate()
+    now = 0
+    for gap, value, read_only in steps:
+        now += gap
+        if not read_only:
+            rate.record(value, now)
+        total, span = rate.snapshot(now)
+        want_total, want_span = _full_pass(rate, now)
+        assert span == want_span
+        assert total == pytest.approx(want_total, abs=1e-6)
+
+
 def test_throttle_is_the_time_the_bytes_take_at_the_quota() -> None:
     """Q=5/s, 100 windows of 1 s, one burst of 560 at t=0: (560/1 - 5)/5 x 1 s = 111 s, the
     time 560 takes at 5/s less the one window of credit (Kafka's padding to 99 windows says
@@ -363,6 +395,78 @@ def test_sensors_share_by_resolution_key_and_render_headers() -> None:
     assert headers["Retry-After"] == "2" and headers["Logbus-Throttle-Time-Ms"] == "1200"
     assert headers["RateLimit"] == '"producer_byte_rate";r=0;t=2'
     assert len(sensors) == 1
+
+
+def test_owed_is_what_remains_of_the_announced_throttle() -> None:
+    """The wait of the next request is the throttle the last answer announced, less the time
+    since; a quota changed meanwhile is read against the new limit at once."""
+    sensors = QuotaSensors()
+    res = resolve({E("alice"): {P: 1000.0}}, P, "alice", "app")
+    assert sensors.owed_ms(P, res, now_ms=0) == 0  # no sensor yet: nothing owed
+    assert sensors.record(P, res, 3000, now_ms=0).throttle_time_ms == 2000
+    assert sensors.owed_ms(P, res, now_ms=500) == 1500
+    assert sensors.owed_ms(P, res, now_ms=2000) == 0
+    assert sensors.record(P, res, 1000, now_ms=2000).throttle_time_ms > 0
+    raised = resolve({E("alice"): {P: 10**6}}, P, "alice", "app")
+    assert sensors.owed_ms(P, raised, now_ms=2001) == 0  # the new limit, not the old due time
+    cut = resolve({E("alice"): {P: 10.0}}, P, "alice", "app")
+    assert sensors.owed_ms(P, cut, now_ms=2002) == QuotaConfig().throttle_cap_ms  # far over
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    byte_type=st.sampled_from([P, C, None]),
+    byte_limit=st.sampled_from([100.0, 5000.0, None]),
+    time_limit=st.sampled_from([0.5, 50.0, None]),
+    steps=st.lists(
+        st.tuples(st.integers(0, 3000), st.integers(0, 20_000), st.integers(0, 10**8)),
+        min_size=1,
+        max_size=40,
+    ),
+)
+def test_a_meter_charges_what_record_and_headers_say(
+    byte_type: QuotaType | None,
+    byte_limit: float | None,
+    time_limit: float | None,
+    steps: list[tuple[int, int, int]],
+) -> None:
+    """The per-request path (Meter, charge, owed) gives the fields and waits that recording
+    each quota and rendering Throttle.headers give: the largest throttle's time, the byte
+    quota's RateLimit fields."""
+    R = QuotaType.REQUEST_PERCENTAGE
+    configs: dict[QuotaEntity, dict[QuotaType, float]] = {E("u"): {}}
+    if byte_type is not None and byte_limit is not None:
+        configs[E("u")][byte_type] = byte_limit
+    if time_limit is not None:
+        configs[E("u")][R] = time_limit
+    byte_res = resolve(configs, byte_type, "u", "c") if byte_type is not None else None
+    byte_res = byte_res if byte_res is not None and math.isfinite(byte_res.limit) else None
+    time_res = resolve(configs, R, "u", "c")
+    time_res = time_res if math.isfinite(time_res.limit) else None
+    fast, slow = QuotaSensors(), QuotaSensors()
+    meter = fast.meter(byte_type, byte_res, time_res, now_ms=0)
+    now = 0
+    for gap, size, handler_ns in steps:
+        now += gap
+        want_owed = max(
+            [slow.owed_ms(t, r, now) for t, r in ((byte_type, byte_res), (R, time_res)) if r] + [0]
+        )
+        assert fast.owed(meter, now) == want_owed
+        throttles = []
+        if byte_res is not None and byte_type is not None:
+            throttles.append(slow.record(byte_type, byte_res, size, now))
+        if time_res is not None:
+            throttles.append(slow.record(R, time_res, handler_ns, now))
+        got = fast.charge(meter, size, handler_ns, now)
+        if not throttles:
+            assert got == [(b"logbus-throttle-time-ms", b"0")]
+            continue
+        worst = max(throttles, key=lambda t: t.throttle_time_ms)
+        want = worst.headers()
+        for t in throttles:
+            if t.quota_type is not R:
+                want |= {k: v for k, v in t.headers().items() if k.startswith("RateLimit")}
+        assert dict(got) == {k.lower().encode(): v.encode() for k, v in want.items()}
 
 
 def test_unlimited_and_request_time_records() -> None:

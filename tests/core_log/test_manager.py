@@ -28,6 +28,7 @@ from core_log.compression import Compression
 from core_log.config import LogConfig
 from core_log.datadir import LOCK_FILE
 from core_log.errors import (
+    CorruptRecordError,
     InvalidTopicError,
     OffsetOutOfRangeError,
     TopicAlreadyExistsError,
@@ -392,6 +393,66 @@ def test_compressed_producer_batches_are_appended_off_the_loop(
 
     run(main)
     assert threads == [True, False, False]  # inline, worker, worker
+
+
+def test_appends_queued_behind_a_blocked_one_drain_in_order_then_run_inline_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append that must wait for a worker (here: held in the thread) queues the appends
+    that arrive meanwhile. When it returns, the queued ones run in arrival order, inline (not
+    one thread hop each), a cancelled one is never written, a bad one fails alone; and once
+    the queue is empty the next append runs inline without queueing: under steady load the
+    queue does not stay (it did: each queued append took a lock in turn, and later ones kept
+    queueing behind them)."""
+    held = threading.Event()
+    release = threading.Event()
+    threads: list[bool] = []
+    real_worker_append = PartitionLog.append
+    real_append = PartitionLog._append
+
+    def held_worker_append(self: PartitionLog, *args: Any, **kwargs: Any) -> Any:
+        if not held.is_set():
+            held.set()
+            release.wait(10)
+        return real_worker_append(self, *args, **kwargs)
+
+    def recording_append(self: PartitionLog, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real_append(self, *args, **kwargs)
+
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        await p.append(batch(b"warm"))  # stores leader epoch 0 (a worker, before the hold)
+        monkeypatch.setattr(PartitionLog, "append", held_worker_append)
+        monkeypatch.setattr(PartitionLog, "_append", recording_append)
+        big = batch(bytes(512 * 1024))  # past the inline bound: a worker
+        first = asyncio.create_task(p.append(big))
+        assert await asyncio.to_thread(held.wait, 10)
+        queued = [asyncio.create_task(p.append(batch(b"q%d" % i))) for i in range(20)]
+        bad = asyncio.create_task(p.append(b"\x00" * 70))  # no valid batch
+        gone = asyncio.create_task(p.append(batch(b"cancelled")))
+        tail = asyncio.create_task(p.append(batch(b"last")))
+        await asyncio.sleep(0)  # each task runs up to its wait in the queue
+        gone.cancel()
+        assert len(p._pending) == 24 and not any(t.done() for t in queued)
+        release.set()
+        offsets = [(await t).base_offset for t in [first, *queued]]
+        assert offsets == sorted(offsets) == list(range(1, 22))
+        with pytest.raises(CorruptRecordError):
+            await bad
+        assert (await tail).base_offset == 22
+        assert threads == [False] + [True] * 21  # the big one in a worker, the rest inline
+        assert not p._pending and p._drainer is not None and p._drainer.done()
+        threads.clear()
+        await p.append(batch(b"after"))
+        assert threads == [True] and p._drainer.done()  # inline, not through the queue
+        values = [v for _, v in await read_values(p)]
+        assert b"cancelled" not in values and values[-2:] == [b"last", b"after"]
+        await m.close()
+
+    run(main)
 
 
 def test_flush_concurrent_with_appends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
