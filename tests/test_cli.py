@@ -302,11 +302,21 @@ def test_errors_are_readable(server: BrokerProcess, http: httpx.Client) -> None:
         logbus(server, "topics", "alter", "cli-err", "--config", "retention.ms=soon")
     )
 
+
+def test_an_unreachable_broker_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI in-process, its retries without their backoff (16 attempts over 13.5 s, as a
+    failover needs, are the router's business: tests/client/test_routing.py)."""
+    from logbus_client import routing
+
+    monkeypatch.setattr(routing.Backoff, "next", lambda self: 0.0)
     closed = f"http://127.0.0.1:{free_port()}"
-    unreachable = failed(logbus(None, "topics", "list", "--url", closed, "--timeout", "5"))
-    assert f"cannot reach the broker at {closed}" in unreachable
-    two = failed(logbus(None, "groups", "list", "--url", f"{closed},{closed}/", "--timeout", "5"))
-    assert f"cannot reach the broker at {closed}" in two  # one URL, written twice
+    assert cli.main(["topics", "list", "--url", closed, "--timeout", "5"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach the broker at {closed}" in err and "Traceback" not in err
+    assert cli.main(["groups", "list", "--url", f"{closed},{closed}/", "--timeout", "5"]) == 1
+    assert f"cannot reach the broker at {closed}" in capsys.readouterr().err  # one URL, twice
 
 
 # -- bench ----------------------------------------------------------------------------------------
