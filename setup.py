@@ -1,4 +1,5 @@
-"""Build the C record walk; everything else is declared in pyproject.toml.
+"""Build the C record walk and the quota gate's step timer; everything else is declared in
+pyproject.toml.
 
 The two extensions share one record walk (``core_log/_recordwalk.h``). A failed build is an
 error, not a silent fall back to the ~100x slower pure-Python walk: a compiler without the
@@ -18,5 +19,6 @@ setup(
     else [
         Extension("core_log._recordscan", ["core_log/_recordscan.c"], depends=WALK),
         Extension("core_log._recordjson", ["core_log/_recordjson.c"], depends=WALK),
+        Extension("api._steptimer", ["api/_steptimer.c"]),
     ]
 )
