@@ -304,7 +304,8 @@ def test_model_random_workload(tmp_path: Path, seed: int) -> None:
             log.set_high_watermark(log.log_end_offset)
         else:
             log.flush()
-            log = open_log(tmp_path, clock, cfg, clean=False)  # the old object is abandoned
+            log.abandon()  # a crash: its files closed, nothing more written
+            log = open_log(tmp_path, clock, cfg, clean=False)
             log.set_high_watermark(log.log_end_offset)
         check_invariants(log, history, fetch_every=step % 20 == 0)
         batches = producer_batches(log)
