@@ -298,10 +298,22 @@ async def test_a_flood_of_client_ids_costs_bounded_memory(tmp_path: Path) -> Non
             r = await _produce(c, "t", 1, f"client-{i}")
             assert r.status_code == 200
             assert len(state.quotas) <= 50
+            assert len(state.quotas._meters) <= 50  # the per-caller memo is bounded too
         assert len(state.quotas) == 50
         metrics = (await c.get("/metrics")).text
         assert metrics.count("logbus_quota_rate{") == 50
         assert 'client_id="client-299"' in metrics and 'client_id="client-0"' not in metrics
+        # Callers no quota applies to are remembered too (as "none applies"): bounded alike.
+        await c.put("/v1/quotas", json={"entity": {"client_id": "someone"}, "quotas": {P: 1e9}})
+        await c.delete("/v1/quotas", params={"client_id": "<default>"})
+        for _ in range(1000):  # the security poll applies the change (FAST: within ~0.1 s)
+            if len(state.quotas.table) == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert len(state.quotas.table) == 1
+        for i in range(300):
+            assert (await _produce(c, "t", 1, f"free-{i}")).status_code == 200
+            assert len(state.quotas._meters) <= 50
 
 
 def test_sensors_and_buckets_expire_when_idle() -> None:
