@@ -124,9 +124,11 @@ class _TimedPy:
                 error = e
 
 
-_Timed: type[_TimedPy]
+_Timed: type[_TimedPy] | type[StepTimer]
 try:
-    from ._steptimer import StepTimer as _Timed  # type: ignore[import-not-found,no-redef]
+    from ._steptimer import StepTimer
+
+    _Timed = StepTimer
 except ImportError:  # built with LOGBUS_PURE_PYTHON=1
     _Timed = _TimedPy
 
@@ -311,7 +313,7 @@ async def _http(
     captured: list[bytes] = []
     captured_size = 0
     pacer: _Pacer | None = None
-    timed: _TimedPy | None = None
+    timed: _TimedPy | StepTimer | None = None
     byte_res = None if meter is None else meter.byte_res
 
     async def gated_send(message: Message) -> None:
