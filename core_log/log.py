@@ -1169,7 +1169,10 @@ class PartitionLog:
                 if completed.last_offset >= hw:
                     ended.append((completed.last_offset, completed.first_offset))
         for segment in self._segments:
-            segment.txn_index_stale = False
+            if segment.txn_index_stale:
+                # Rebuilt below the recovery point: to disk now, no later flush covers it.
+                segment.txn_index.flush(fsync=True)
+                segment.txn_index_stale = False
         self._txn_view = (None, ())
         self._publish_txn_view(tuple(ended))
 

@@ -52,8 +52,9 @@ producer's retained window; a producer whose whole window is cut but has older b
 log is forgotten (treated as unknown). Kafka instead reloads the newest snapshot below the
 truncation point and replays; the log can do the same with :meth:`~ProducerStateManager.recover`
 (``log_end`` = the truncation point) and a replay of the tail.
-:meth:`~ProducerStateManager.truncate_from_start` drops producers whose last batch lies below
-the new log start (Kafka's rule); retained batches below it stay, so a retry still gets offsets.
+:meth:`~ProducerStateManager.truncate_from_start` drops producers whose last batch and marker lie
+below the new log start (Kafka's rule); retained batches below it stay, so a retry still gets
+offsets.
 
 Bounds: at most :data:`MAX_PRODUCERS_PER_PARTITION` producers; a new one past the cap evicts the
 least recently appended producer (the one idle longest while append times do not go back).
@@ -67,13 +68,14 @@ The state as of ``offset`` — every batch below it replayed, none at or past it
          2  4  crc              CRC-32C of every byte after this field
          6  8  offset           must equal the offset in the file name
         14  4  producerCount    0..MAX_PRODUCERS_PER_PARTITION
-    producerCount x producer (PRODUCER_ENTRY, 31 bytes), least recently appended first
+    producerCount x producer (PRODUCER_ENTRY, 39 bytes), least recently appended first
          0  8  producerId
          8  2  epoch
         10  8  lastTimestampMs  append time of its last batch or marker
         18  8  txnFirstOffset   -1 when no transaction is open
         26  4  coordinatorEpoch of its last marker, -1 if none    (not in version 1)
-        30  1  batchCount       0..BATCHES_RETAINED (version 1: 1..BATCHES_RETAINED; 0 when a
+        30  8  markerOffset     offset of its last marker, -1 if none  (not in version 1)
+        38  1  batchCount       0..BATCHES_RETAINED (version 1: 1..BATCHES_RETAINED; 0 when a
                                 marker's new epoch forgot the batches of the old one)
     batchCount x batch (BATCH_ENTRY, 32 bytes), oldest first
          0  4  firstSequence
@@ -136,12 +138,12 @@ SNAPSHOTS_RETAINED = 2
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOT_VERSION = 2
 SNAPSHOT_HEADER = struct.Struct(">hIqi")  # version, crc, offset, producerCount
-# producerId, epoch, lastTimestampMs, txnFirstOffset, coordinatorEpoch, batchCount
-PRODUCER_ENTRY = struct.Struct(">qhqqiB")
+# producerId, epoch, lastTimestampMs, txnFirstOffset, coordinatorEpoch, markerOffset, batchCount
+PRODUCER_ENTRY = struct.Struct(">qhqqiqB")
 PRODUCER_ENTRY_V1 = struct.Struct(">qhqqB")  # version 1: no coordinatorEpoch
 BATCH_ENTRY = struct.Struct(">iiqqq")  # firstSeq, lastSeq, firstOffset, lastOffset, maxTimestamp
 CRC_START = 6  # the CRC covers bytes [6, end)
-assert (SNAPSHOT_HEADER.size, PRODUCER_ENTRY.size, BATCH_ENTRY.size) == (18, 31, 32)
+assert (SNAPSHOT_HEADER.size, PRODUCER_ENTRY.size, BATCH_ENTRY.size) == (18, 39, 32)
 MAX_SNAPSHOT_BYTES = SNAPSHOT_HEADER.size + MAX_PRODUCERS_PER_PARTITION * (
     PRODUCER_ENTRY.size + BATCHES_RETAINED * BATCH_ENTRY.size
 )
@@ -215,6 +217,12 @@ class ProducerEntry:
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_RETAINED))
     current_txn_first_offset: int | None = None  # the open transaction's first offset here
     coordinator_epoch: int = -1  # of the last marker written for this producer
+    marker_offset: int = -1  # offset of that marker
+
+    @property
+    def last_write_offset(self) -> int:
+        """The offset of its last batch or marker, whichever is later (-1: none)."""
+        return max(self.last_offset, self.marker_offset)
 
     @property
     def last_seq(self) -> int:
@@ -389,6 +397,7 @@ class ProducerStateManager:
                 entry.epoch = marker.producer_epoch
             entry.last_timestamp_ms = append_time_ms
         entry.coordinator_epoch = max(entry.coordinator_epoch, marker.coordinator_epoch)
+        entry.marker_offset = marker.offset
         completed = None
         first = entry.current_txn_first_offset
         if first is not None:
@@ -450,12 +459,16 @@ class ProducerStateManager:
             if first is not None and first >= offset:
                 entry.current_txn_first_offset = None
                 self._ongoing.pop(pid, None)
-            if not entry.batches:
+            if entry.marker_offset >= offset:
+                entry.marker_offset = -1
+            if not entry.batches and entry.marker_offset < 0:
                 self._drop(pid)
 
     def truncate_from_start(self, log_start_offset: int) -> None:
         """The log now starts at ``log_start_offset``: drop producers whose data all lies below."""
-        for pid in [p for p, e in self._producers.items() if e.last_offset < log_start_offset]:
+        for pid in [
+            p for p, e in self._producers.items() if e.last_write_offset < log_start_offset
+        ]:
             self._drop(pid)
 
     def expire(
@@ -485,7 +498,7 @@ class ProducerStateManager:
         """The snapshot file's bytes for the current state as of ``offset`` (pure)."""
         parts = []
         for e in self._producers.values():
-            assert e.last_offset < offset, "a snapshot holds only batches below its offset"
+            assert e.last_write_offset < offset, "a snapshot holds only writes below its offset"
             txn = e.current_txn_first_offset
             txn = NO_TXN_OFFSET if txn is None else txn
             assert txn < offset, "a snapshot holds only transactions opened below its offset"
@@ -495,6 +508,7 @@ class ProducerStateManager:
                 e.last_timestamp_ms,
                 txn,
                 e.coordinator_epoch,
+                e.marker_offset,
                 len(e.batches),
             )
             parts.append(PRODUCER_ENTRY.pack(*head))
@@ -531,7 +545,7 @@ class ProducerStateManager:
                 fields = producer_entry.unpack_from(data, pos)
                 pos += producer_entry.size
                 pid, epoch, last_ts, txn = fields[:4]
-                coordinator_epoch = fields[4] if len(fields) == 6 else -1
+                coordinator_epoch, marker_offset = fields[4:6] if len(fields) == 7 else (-1, -1)
                 n = fields[-1]
                 if (
                     pid < 0
@@ -539,9 +553,16 @@ class ProducerStateManager:
                     or not min_batches <= n <= BATCHES_RETAINED
                     or pid in producers
                     or not (txn == NO_TXN_OFFSET or 0 <= txn < offset)
+                    or not -1 <= marker_offset < offset
                 ):
                     raise CorruptSnapshotError(f"bad producer entry {pid} in snapshot")
-                entry = ProducerEntry(pid, epoch, last_ts, coordinator_epoch=coordinator_epoch)
+                entry = ProducerEntry(
+                    pid,
+                    epoch,
+                    last_ts,
+                    coordinator_epoch=coordinator_epoch,
+                    marker_offset=marker_offset,
+                )
                 entry.current_txn_first_offset = None if txn == NO_TXN_OFFSET else txn
                 for _ in range(n):
                     b = BatchMetadata(*BATCH_ENTRY.unpack_from(data, pos))

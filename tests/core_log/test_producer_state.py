@@ -500,9 +500,10 @@ def resigned(data: bytes) -> bytes:
         lambda d: d[:14] + struct.pack(">i", -1) + d[18:],  # negative producer count
         lambda d: d[:14] + struct.pack(">i", 10**6) + d[18:],  # count past the cap
         lambda d: d[:6] + struct.pack(">q", 1) + d[14:],  # offset below its batches
-        lambda d: d[:48] + b"\x06" + d[49:],  # more batches than are retained
-        lambda d: d[:48] + b"\x00" + d[49:],  # fewer batches than the entry holds
-        lambda d: d[:49] + d[81:113] + d[49:81] + d[113:],  # batches out of order
+        lambda d: d[:56] + b"\x06" + d[57:],  # more batches than are retained
+        lambda d: d[:56] + b"\x00" + d[57:],  # fewer batches than the entry holds
+        lambda d: d[:57] + d[89:121] + d[57:89] + d[121:],  # batches out of order
+        lambda d: d[:48] + struct.pack(">q", 3) + d[56:],  # a marker past the snapshot
         lambda d: d[:36] + struct.pack(">q", 3) + d[44:],  # a transaction opened past it
     ],
 )
