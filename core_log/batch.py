@@ -435,16 +435,17 @@ def validate_batch(
             raise InvalidRecordError("a producer batch must hold records with offset deltas 0..n-1")
         if h.is_control:
             raise InvalidRecordError("producers may not send control batches")
-        if h.is_transactional and allow_transactional:
-            if h.producer_id < 0:
+        if h.is_transactional:
+            if allow_transactional:
+                if h.producer_id < 0:
+                    raise InvalidRecordError(
+                        "a transactional batch needs a producer id, epoch and sequence"
+                    )
+            else:
                 raise InvalidRecordError(
-                    "a transactional batch needs a producer id, epoch and sequence"
+                    "transactions are not supported yet: send the batch without the transactional "
+                    "attribute (bit 4); an idempotent producer id and sequence are supported"
                 )
-        elif h.is_transactional:
-            raise InvalidRecordError(
-                "transactions are not supported yet: send the batch without the transactional "
-                "attribute (bit 4); an idempotent producer id and sequence are supported"
-            )
         if not timestamp_ok(h.max_timestamp):
             raise InvalidTimestampError(
                 f"maxTimestamp {h.max_timestamp} is out of range (-1 or 0..{MAX_TIMESTAMP_MS} ms)"

@@ -579,9 +579,9 @@ class PartitionLog:
         for h in headers:
             raw = view[position : position + h.size_bytes]
             position += h.size_bytes
-            if h.is_control:
-                pass  # a marker is stored as the broker built it: uncompressed, stamped now
-            elif append_time >= 0 or (target is not None and target != h.compression):
+            if (
+                append_time >= 0 or (target is not None and target != h.compression)
+            ) and not h.is_control:  # a marker is stored as built: uncompressed, stamped now
                 converted = recompress(raw, target) if target is not None else bytes(raw)
                 if append_time >= 0:
                     converted = restamp(converted, append_time)

@@ -240,9 +240,27 @@ class Partition:
         ``transactional``: accept transactional data batches (:meth:`PartitionLog.append`);
         the caller has checked the transaction with its coordinator."""
         self.log_dir.check()
-        small = len(data) <= inline_max_bytes and (as_follower or not any_compressed(data))
-        pending = _PendingAppend(data, leader_epoch, as_follower, durable, small, transactional)
-        return await self._append_pending(pending)
+        try:
+            result = None
+            small = len(data) <= inline_max_bytes and (as_follower or not any_compressed(data))
+            if small and not self._pending:
+                result = self.log.try_append(
+                    data,
+                    leader_epoch=leader_epoch,
+                    as_follower=as_follower,
+                    durable=durable,
+                    transactional=transactional,
+                )
+            if result is None:
+                result = await self._queued(
+                    _PendingAppend(data, leader_epoch, as_follower, durable, small, transactional)
+                )
+        except (KafkaStorageError, OSError) as e:
+            raise self._storage_failure(e) from e
+        if result.sync_required:
+            await self.sync(result.last_offset + 1)
+        self._advance_high_watermark()
+        return result
 
     async def append_marker(
         self,
@@ -270,6 +288,9 @@ class Partition:
                 result = await self._queued(pending)
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
+        return await self._after_append(result)
+
+    async def _after_append(self, result: AppendResult) -> AppendResult:
         if result.sync_required:
             await self.sync(result.last_offset + 1)
         self._advance_high_watermark()
