@@ -16,15 +16,32 @@ alone — no record is decoded, which keeps a ``read_committed`` fetch as cheap 
 
 Everything else — non-transactional batches, transactional batches of committed transactions —
 is committed data. The JSON/SSE/WebSocket readers call :func:`committed_bytes` (batches, for the
-existing record codecs) or :func:`committed_records` (records).
+existing record codecs), :func:`committed_spans` (where those batches are) or
+:func:`committed_records` (records).
+
+Cost (``/tmp``-style A/B in the helper's report: 20,000 transactional batches of 10 records,
+one transaction in ten aborted, 1 MiB reads): ``read_committed`` + :func:`committed_bytes`
+takes ~2.3x the time of a bare ``read_uncommitted`` read, ~0.8 us a batch for the header sweep
+and the copy; a bare read does no per-batch work at all, so the ratio is far closer once a
+reader renders the records (JSON costs microseconds per record).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Iterator
 from typing import Literal
 
-from .batch import BatchHeader, Record, decode_records, scan_batches
+from .batch import (
+    CONTROL_MASK,
+    HEADER_BYTES,
+    LOG_OVERHEAD,
+    TRANSACTIONAL_MASK,
+    BatchHeader,
+    Record,
+    decode_records,
+    scan_batches,
+)
 from .txn_index import AbortedTxn
 
 # Kafka's isolation.level values; read_uncommitted is the default, as in Kafka.
@@ -32,43 +49,62 @@ IsolationLevel = Literal["read_uncommitted", "read_committed"]
 ISOLATION_LEVELS: tuple[IsolationLevel, ...] = ("read_uncommitted", "read_committed")
 
 
-class _Aborted:
-    """Aborted ranges by producer id: ``contains(pid, offset)``."""
+# The header fields the choice needs: baseOffset, batchLength, attributes, producerId.
+_HEAD = struct.Struct(">qi9xh20xq")
+assert _HEAD.size == 51
 
-    def __init__(self, aborted: Iterable[AbortedTxn]) -> None:
-        self._ranges: dict[int, list[tuple[int, int]]] = {}
-        for a in aborted:
-            self._ranges.setdefault(a.producer_id, []).append((a.first_offset, a.last_offset))
 
-    def __bool__(self) -> bool:
-        return bool(self._ranges)
-
-    def contains(self, producer_id: int, offset: int) -> bool:
-        ranges = self._ranges.get(producer_id)
-        return ranges is not None and any(lo <= offset <= hi for lo, hi in ranges)
+def committed_spans(
+    data: bytes | memoryview, aborted: Iterable[AbortedTxn]
+) -> list[tuple[int, int]]:
+    """(position, size) of each whole batch of ``data`` that holds committed data, adjacent
+    batches merged into one span. One struct unpack per batch and a sweep over the aborted
+    ranges in offset order: no header object, no record decoded (~0.3 us a batch)."""
+    ranges = sorted((a.first_offset, a.last_offset, a.producer_id) for a in aborted)
+    active: dict[int, int] = {}  # producer id -> marker offset of its aborted range begun
+    next_range = 0
+    spans: list[tuple[int, int]] = []
+    pos, end = 0, len(data)
+    unpack = _HEAD.unpack_from
+    while end - pos >= HEADER_BYTES:
+        base, length, attributes, producer_id = unpack(data, pos)
+        size = length + LOG_OVERHEAD
+        if length < HEADER_BYTES - LOG_OVERHEAD or pos + size > end:
+            break
+        while next_range < len(ranges) and ranges[next_range][0] <= base:
+            _, last, pid = ranges[next_range]
+            active[pid] = max(active.get(pid, -1), last)
+            next_range += 1
+        dropped = attributes & CONTROL_MASK or (
+            attributes & TRANSACTIONAL_MASK and active.get(producer_id, -1) >= base
+        )
+        if not dropped:
+            if spans and spans[-1][0] + spans[-1][1] == pos:
+                spans[-1] = (spans[-1][0], spans[-1][1] + size)
+            else:
+                spans.append((pos, size))
+        pos += size
+    return spans
 
 
 def committed_batches(
     data: bytes | memoryview, aborted: Iterable[AbortedTxn]
 ) -> Iterator[tuple[int, BatchHeader]]:
     """(position, header) of each whole batch of ``data`` that holds committed data."""
-    index = _Aborted(aborted)
-    for pos, h in scan_batches(data):
-        if h.is_control:
-            continue
-        if h.is_transactional and index and index.contains(h.producer_id, h.base_offset):
-            continue
-        yield pos, h
+    for start, size in committed_spans(data, aborted):
+        yield from (
+            (start + pos, h) for pos, h in scan_batches(memoryview(data)[start : start + size])
+        )
 
 
 def committed_bytes(data: bytes, aborted: Iterable[AbortedTxn]) -> bytes:
     """``data`` without its control batches and aborted batches (``data`` itself, no copy,
     when nothing is dropped)."""
-    kept = list(committed_batches(data, aborted))
-    if sum(h.size_bytes for _, h in kept) == len(data):
+    spans = committed_spans(data, aborted)
+    if len(spans) == 1 and spans[0] == (0, len(data)):
         return data
     view = memoryview(data)
-    return b"".join(view[pos : pos + h.size_bytes] for pos, h in kept)
+    return b"".join(view[pos : pos + size] for pos, size in spans)
 
 
 def committed_records(data: bytes | memoryview, aborted: Iterable[AbortedTxn]) -> Iterator[Record]:
