@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import crc32c
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,13 +29,17 @@ from core_log.config import LogConfig
 from core_log.control import parse_control_batch
 from core_log.errors import InvalidRecordError
 from core_log.handles import HandleCache
+from core_log.index import IndexCorrupt
 from core_log.isolation import committed_batches, committed_bytes, committed_records
 from core_log.log import CommittedReadResult, PartitionLog
 from core_log.manager import LogManager
 from core_log.producer_state import (
+    BATCH_ENTRY,
+    PRODUCER_ENTRY_V1,
     InvalidProducerEpochError,
     InvalidTxnStateError,
     OutOfOrderSequenceError,
+    ProducerStateManager,
     TransactionCoordinatorFencedError,
 )
 from core_log.txn_index import AbortedTxn, TransactionIndex
@@ -394,8 +400,6 @@ def test_txn_index_file_round_trip_and_checks(tmp_path: Path) -> None:
     again = TransactionIndex(path, 10)
     again.load(next_offset=20)
     assert again.entries == entries
-    from core_log.index import IndexCorrupt
-
     with pytest.raises(IndexCorrupt):
         again.load(next_offset=14)  # an entry past the segment's end
     path.write_bytes(path.read_bytes()[:40])
@@ -554,3 +558,32 @@ def test_partition_facade_appends_markers_in_order_and_reads_committed(tmp_path:
             await manager.close()
 
     asyncio.run(main())
+
+
+def test_a_marker_not_yet_stable_stays_unstable_across_a_restart(tmp_path: Path) -> None:
+    log = PartitionLog(tmp_path / "p", LogConfig(), ManualClock(T0), HandleCache())
+    log.append(plain(b"x"))
+    log.append(txn(1, 0, b"a"), transactional=True)
+    log.set_high_watermark(2)
+    log.append_marker(1, 0, False, 0)  # at 2, past the high watermark
+    assert log.last_stable_offset == 1
+    log.close()  # the producer snapshot at the log end (3) holds no open transaction
+    reopened = PartitionLog(
+        tmp_path / "p", LogConfig(), ManualClock(T0), HandleCache(), clean_shutdown=True
+    )
+    assert reopened.high_watermark == 2 and reopened.last_stable_offset == 1
+    reopened.set_high_watermark(3)
+    assert reopened.last_stable_offset == 3
+    assert committed_view(reopened) == [(0, b"x")]
+
+
+def test_version_1_producer_snapshots_are_still_read(tmp_path: Path) -> None:
+    body = struct.pack(">qi", 10, 1) + PRODUCER_ENTRY_V1.pack(5, 2, T0, 4, 1)
+    body += BATCH_ENTRY.pack(0, 3, 4, 7, T0)
+    data = struct.pack(">hI", 1, crc32c.crc32c(body)) + body
+    psm = ProducerStateManager()
+    assert psm.decode(data) == 10
+    entry = psm.get(5)
+    assert entry is not None and entry.current_txn_first_offset == 4
+    assert (entry.coordinator_epoch, entry.marker_offset, entry.last_seq) == (-1, -1, 3)
+    assert psm.ongoing == {5: 4}
