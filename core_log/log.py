@@ -1171,7 +1171,7 @@ class PartitionLog:
         for segment in self._segments:
             if segment.txn_index_stale:
                 # Rebuilt below the recovery point: to disk now, no later flush covers it.
-                segment.txn_index.flush(fsync=True)
+                segment.txn_index.rewrite(fsync=True)
                 segment.txn_index_stale = False
         self._txn_view = (None, ())
         self._publish_txn_view(tuple(ended))

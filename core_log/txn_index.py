@@ -26,10 +26,11 @@ file is created by the first entry's flush, and a missing file is an empty index
 Durability: entries are kept in memory at once and appended to the file when the segment is
 flushed, with an fsync (unlike the offset indexes, which recovery can do without, a lost entry
 would show aborted data as committed), before the recovery point moves past their marker. A
-segment re-validated by recovery starts with an empty index that the producer-state replay
-refills (:meth:`core_log.log.PartitionLog._reload_producers`); a file that fails its checks on
-load (a partial entry, a bad version, offsets outside the segment or out of order) is
-:class:`IndexCorrupt`, and the log rebuilds it the same way.
+segment re-validated by recovery starts with an empty index in memory that the producer-state
+replay refills (:meth:`core_log.log.PartitionLog._reload_producers`), then written over the
+old file atomically (a crash in between leaves the old file, and the next start recovers
+again); a file that fails its checks on load (a partial entry, a bad version, offsets outside
+the segment or out of order) is :class:`IndexCorrupt`, and the log rebuilds it the same way.
 
 Threading: owned by one :class:`~core_log.segment.LogSegment`, under its log's lock, except
 :meth:`TransactionIndex.flush`, which may run concurrently with appends (the pending buffer is
@@ -146,23 +147,32 @@ class TransactionIndex:
             self._rewrite(kept)
 
     def reset(self) -> None:
-        """Forget every entry and remove the file (recovery refills it)."""
+        """Forget every entry in memory (recovery refills them, then calls :meth:`rewrite`).
+        The file stays as it is until then, so a crash meanwhile loses nothing."""
         self._entries = []
         self._pending.clear()
-        self.path.unlink(missing_ok=True)
+
+    def rewrite(self, fsync: bool = True) -> None:
+        """Replace the file by the entries in memory, atomically (temporary file, fsync,
+        rename); no entry: no file."""
+        self._rewrite(self._entries, fsync)
 
     def replace_with(self, entries: Iterable[AbortedTxn]) -> None:
-        """Make the index hold exactly ``entries`` (the cleaner's copy of a segment)."""
+        """Make the index hold exactly ``entries``."""
         self._rewrite(list(entries))
 
-    def _rewrite(self, entries: list[AbortedTxn]) -> None:
+    def _rewrite(self, entries: list[AbortedTxn], fsync: bool = False) -> None:
         self._entries = entries
         self._pending.clear()
         if not entries:
             self.path.unlink(missing_ok=True)
             return
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_bytes(b"".join(ABORTED_TXN.pack(ENTRY_VERSION, *e) for e in entries))
+        with tmp.open("wb") as f:
+            f.write(b"".join(ABORTED_TXN.pack(ENTRY_VERSION, *e) for e in entries))
+            if fsync:
+                f.flush()
+                fileio.ops.fsync(f.fileno())
         os.replace(tmp, self.path)
 
     def delete(self) -> None:
