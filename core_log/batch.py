@@ -397,14 +397,17 @@ def validate_batch(
     *,
     strict: bool = False,
     max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
+    allow_transactional: bool = False,
 ) -> BatchHeader:
     """Check the batch at ``pos``: length, magic, CRC, counts. Returns its header.
 
-    ``strict`` adds the rules for batches fresh from a producer: no control or transactional
-    batches (transactions do not exist yet: their records would be visible at once, before any
-    commit), and every record walked and checked (:mod:`core_log.recordscan`; compressed
-    batches are decompressed for it, as Kafka's broker does, reading at most
-    ``max_decompressed_bytes`` of records — see :func:`core_log.config.LogConfig`).
+    ``strict`` adds the rules for batches fresh from a producer: no control batches (only the
+    broker writes transaction markers, :mod:`core_log.control`), no transactional batches unless
+    ``allow_transactional`` (the broker allows them once the coordinator knows the transaction;
+    they then need a producer id), and every record walked and checked
+    (:mod:`core_log.recordscan`; compressed batches are decompressed for it, as Kafka's broker
+    does, reading at most ``max_decompressed_bytes`` of records — see
+    :func:`core_log.config.LogConfig`).
     Raises :class:`CorruptRecordError`, :class:`InvalidRecordError` or
     :class:`RecordTooLargeError` (a compressed batch that expands past the cap).
     """
@@ -433,10 +436,16 @@ def validate_batch(
         if h.is_control:
             raise InvalidRecordError("producers may not send control batches")
         if h.is_transactional:
-            raise InvalidRecordError(
-                "transactions are not supported yet: send the batch without the transactional "
-                "attribute (bit 4); an idempotent producer id and sequence are supported"
-            )
+            if allow_transactional:
+                if h.producer_id < 0:
+                    raise InvalidRecordError(
+                        "a transactional batch needs a producer id, epoch and sequence"
+                    )
+            else:
+                raise InvalidRecordError(
+                    "transactions are not supported yet: send the batch without the transactional "
+                    "attribute (bit 4); an idempotent producer id and sequence are supported"
+                )
         if not timestamp_ok(h.max_timestamp):
             raise InvalidTimestampError(
                 f"maxTimestamp {h.max_timestamp} is out of range (-1 or 0..{MAX_TIMESTAMP_MS} ms)"
@@ -471,12 +480,20 @@ def split_batches(
     *,
     strict: bool = False,
     max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
+    allow_transactional: bool = False,
 ) -> list[BatchHeader]:
-    """Validate a buffer holding one or more whole batches back to back; return their headers."""
+    """Validate a buffer holding one or more whole batches back to back; return their headers.
+    ``strict`` and ``allow_transactional``: see :func:`validate_batch`."""
     headers: list[BatchHeader] = []
     pos = 0
     while pos < len(buf):
-        h = validate_batch(buf, pos, strict=strict, max_decompressed_bytes=max_decompressed_bytes)
+        h = validate_batch(
+            buf,
+            pos,
+            strict=strict,
+            max_decompressed_bytes=max_decompressed_bytes,
+            allow_transactional=allow_transactional,
+        )
         headers.append(h)
         pos += h.size_bytes
     return headers

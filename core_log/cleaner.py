@@ -17,6 +17,11 @@ Theory of operation (Kafka's LogCleaner, one log at a time)
   when the dirty part supersedes them). Kept always: records at or after the clean point,
   records without a key (Kafka rejects keyless records on compacted topics; Logbus keeps
   them) and control and transactional batches (whole: transactions are not compacted yet).
+  Transactional records are also left out of the key map, so they never make another record
+  obsolete: an aborted record must not remove the committed value it would have replaced
+  (Kafka removes aborted data and lets committed transactional records compact; Logbus keeps
+  both, which costs space, never correctness). Every transaction marker therefore stays and
+  each cleaned segment carries its aborted-transaction index (``.txnindex``) over unchanged.
   The last batch of every producer (``producer_id >= 0``, last in the whole log) is filtered
   like any other but never dropped: emptied, it stays as a batch of zero records with its
   header (producer id, epoch, sequences, offset range), which idempotence needs after a
@@ -221,7 +226,7 @@ def _build_map(
             throttle.add(len(raw))
             if h.next_offset <= first_dirty:
                 continue
-            if not h.is_control:
+            if not (h.is_control or h.is_transactional):
                 for key, delta, _ in _keys_or_none(raw, h) or ():
                     offset = h.base_offset + delta
                     if offset < first_dirty or key is None:
@@ -363,8 +368,11 @@ def _clean(
                 removed_segments += 1
             else:
                 new.on_roll()
+                for entry in old.txn_index.entries:  # every marker is kept: so are the entries
+                    new.txn_index.append(entry)
                 new.offset_index.flush(fsync=True)
                 new.time_index.flush(fsync=True)
+                new.txn_index.flush(fsync=True)
                 new.fsync()
             new.close()
             replaced.append((old, size, not new.is_empty))

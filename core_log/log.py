@@ -15,10 +15,26 @@ Theory of operation
 * Durability: appends land in the page cache; :meth:`flush` fsyncs every segment holding data
   past the recovery point *without holding the lock*, so appends continue during an fsync and
   the next flush covers all of them (the group commit is driven by :mod:`core_log.manager`).
-* Files: ``{base:020d}.log|.index|.timeindex`` per segment, ``log.checkpoint`` (JSON: recovery
-  point, high watermark, log start offset) and ``leader-epoch-checkpoint``; both checkpoints are
-  written atomically. Recovery after an unclean shutdown re-validates every segment from the one
-  holding the recovery point and cuts the log at the first invalid batch.
+* Files: ``{base:020d}.log|.index|.timeindex|.txnindex`` per segment, ``log.checkpoint``
+  (JSON: recovery point, high watermark, log start offset) and ``leader-epoch-checkpoint``;
+  both checkpoints are written atomically. Recovery after an unclean shutdown re-validates
+  every segment from the one holding the recovery point and cuts the log at the first invalid
+  batch.
+* Transactions (KIP-98): a transactional batch (allowed with ``append(transactional=True)``,
+  the broker's decision after asking the coordinator) opens its producer's transaction here; a
+  COMMIT/ABORT marker (:meth:`PartitionLog.append_marker`, :mod:`core_log.control`) ends it.
+  An ABORT adds an entry to the aborted-transaction index of the segment holding the marker
+  (:mod:`core_log.txn_index`). The *last stable offset* is the first offset of the earliest
+  transaction not yet stable — open, or ended by a marker the high watermark has not passed yet
+  (Kafka's rule: a reader must not take a transaction for decided before its marker is
+  replicated) — else the high watermark; never below the log start.
+  :meth:`PartitionLog.read_committed` never returns data at or past it and returns the aborted
+  transactions overlapping what it returns (:mod:`core_log.isolation` drops their records).
+  Open transactions survive restart in the producer snapshots; recovery replays from a
+  snapshot at or below both the high watermark and the first segment it re-validated, so the
+  transactions ended but not yet stable and the aborted index entries of the re-validated
+  segments are rebuilt from the log. The default paths (non-transactional appends,
+  :meth:`PartitionLog.read`) do no transactional work.
 * Compaction (:mod:`core_log.cleaner`) rewrites segments as ``*.cleaned`` files, then swaps
   them in under the lock (:meth:`PartitionLog.swap_cleaned`); at open,
   :func:`complete_swaps` undoes an uncommitted swap or finishes a committed one.
@@ -55,6 +71,7 @@ from .cleaner import DEFAULT_MAX_KEYS, CleanResult, clean_log
 from .clock import Clock
 from .compression import Compression
 from .config import LogConfig
+from .control import ControlMarker, build_control_batch, parse_control_batch
 from .epoch_cache import LeaderEpochCache
 from .errors import (
     InvalidRecordError,
@@ -65,12 +82,18 @@ from .errors import (
 )
 from .handles import HandleCache
 from .limits import MAX_FETCH_BYTES, MAX_SEGMENTS_DELETED_PER_PASS
-from .producer_state import ProducerStateManager
+from .producer_state import CompletedTxn, ProducerStateManager
 from .segment import DISK_FULL_ERRNOS, LogSegment
+from .txn_index import TXN_INDEX_SUFFIX, AbortedTxn, collect_aborted
 
 CHECKPOINT_FILE = "log.checkpoint"
 EPOCH_FILE = "leader-epoch-checkpoint"
-SUFFIXES = (".log", ".index", ".timeindex")
+SUFFIXES = (".log", ".index", ".timeindex", TXN_INDEX_SUFFIX)
+# Transactions ended by a marker the high watermark has not passed yet, tracked for the last
+# stable offset. Past this many (a high watermark stuck for a long time under transactional
+# load), the two oldest merge into one that is at least as strict (the later marker, the
+# earlier first offset): the LSO may then lag, never lead.
+MAX_UNSTABLE_COMPLETED = 1_000
 
 
 CLEANED_SUFFIX = ".cleaned"
@@ -108,7 +131,7 @@ def complete_swaps(directory: Path, hook: Callable[[str], None] | None = None) -
         final = p.with_name(p.name[: -len(SWAP_SUFFIX)])
         if p.name.endswith(".log" + SWAP_SUFFIX) and p.stat().st_size == 0:
             stem = final.name[: -len(".log")]
-            for suffix in (".index", ".timeindex", ".log"):
+            for suffix in (".index", ".timeindex", TXN_INDEX_SUFFIX, ".log"):
                 (directory / f"{stem}{suffix}").unlink(missing_ok=True)
             p.unlink()
         else:
@@ -141,6 +164,16 @@ class ReadResult:
     high_watermark: int
     log_start_offset: int
     log_end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedReadResult(ReadResult):
+    """A ``read_committed`` read: no data at or past ``last_stable_offset``, and the aborted
+    transactions overlapping ``data`` (by first offset), whose batches the reader drops
+    (:func:`core_log.isolation.committed_batches`)."""
+
+    last_stable_offset: int = 0
+    aborted_transactions: tuple[AbortedTxn, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +213,10 @@ class PartitionLog:
         self._high_watermark = 0
         self._recovery_point = 0
         self._durable_end = 0  # end of the last append that must be fsynced before it is seen
+        # (first offset of the earliest open transaction or None, ((marker offset, first
+        # offset), ...) of transactions ended by a marker the high watermark may not have
+        # passed): replaced whole under the lock, read without it by last_stable_offset.
+        self._txn_view: tuple[int | None, tuple[tuple[int, int], ...]] = (None, ())
         self._closed = False
         self._checkpoint_written: dict[str, int] | None = None  # what the file holds, if known
         self.recovered_bytes_truncated = 0
@@ -243,6 +280,28 @@ class PartitionLog:
         end = leo if recovery_point >= durable_end else recovery_point
         return max(self._high_watermark, min(end, leo))
 
+    @property
+    def last_stable_offset(self) -> int:
+        """The LSO: no ``read_committed`` reader sees data at or past it (see the module doc).
+        Between the log start and the high watermark. Read without the partition lock."""
+        hw = self._high_watermark
+        first, completed = self._txn_view
+        lso = hw if first is None else min(first, hw)
+        for marker_offset, first_offset in completed:
+            if marker_offset >= hw and first_offset < lso:
+                lso = first_offset
+        return min(hw, max(lso, self._log_start_offset))
+
+    def _publish_txn_view(self, ended: tuple[tuple[int, int], ...] = ()) -> None:
+        """Recompute the transactions the LSO waits for (under the lock), adding ``ended``."""
+        hw = self._high_watermark
+        completed = [c for c in self._txn_view[1] if c[0] >= hw]
+        completed += ended
+        while len(completed) > MAX_UNSTABLE_COMPLETED:
+            (m1, f1), (m2, f2) = completed[0], completed[1]
+            completed[:2] = [(max(m1, m2), min(f1, f2))]
+        self._txn_view = (self.producers.first_ongoing_offset, tuple(completed))
+
     def set_high_watermark(self, offset: int) -> int:
         """Move the high watermark forward to ``offset`` (clamped to the LEO); return it."""
         with self._hw_lock:
@@ -260,6 +319,7 @@ class PartitionLog:
         leader_epoch: int = 0,
         as_follower: bool = False,
         durable: bool = False,
+        transactional: bool = False,
     ) -> AppendResult:
         """Append one or more whole batches; return the offsets they got.
 
@@ -270,9 +330,14 @@ class PartitionLog:
         With ``durable`` (or once ``flush.messages`` is reached) the result says
         ``sync_required`` and :attr:`committable_offset` stays below these batches until a
         flush covers them — decided under the lock, so no concurrent append can expose them.
+
+        ``transactional``: a leader accepts transactional data batches (the broker checked the
+        transaction with its coordinator); without it they are refused as before (a follower
+        takes whatever the leader stored). Control batches are never accepted from a producer:
+        markers go through :meth:`append_marker`.
         """
         view = memoryview(data)
-        headers = self._split(view, as_follower)
+        headers = self._split(view, as_follower, transactional)
         with self._lock:
             return self._append(view, headers, leader_epoch, as_follower, durable)
 
@@ -283,26 +348,92 @@ class PartitionLog:
         leader_epoch: int = 0,
         as_follower: bool = False,
         durable: bool = False,
+        transactional: bool = False,
     ) -> AppendResult | None:
         """:meth:`append`, but only if it can run without waiting or blocking: None (nothing
         done) when another thread holds the lock (it may be fsyncing), or when the append would
         roll a segment (producer snapshot + fsync), store a new leader epoch (fsync) or convert
         batches (the topic's compression or LogAppendTime). The event loop calls this."""
         view = memoryview(data)
-        headers = self._split(view, as_follower)
+        headers = self._split(view, as_follower, transactional)
+        return self._try(view, headers, leader_epoch, as_follower, durable)
+
+    def _try(
+        self,
+        view: memoryview,
+        headers: list[BatchHeader],
+        leader_epoch: int,
+        as_follower: bool,
+        durable: bool,
+        marker: ControlMarker | None = None,
+    ) -> AppendResult | None:
         if not self._lock.acquire(blocking=False):
             return None
         try:
             self._check_open()
             if self._append_would_block(headers, len(view), leader_epoch, as_follower):
                 return None
-            return self._append(view, headers, leader_epoch, as_follower, durable)
+            return self._append(view, headers, leader_epoch, as_follower, durable, marker)
         finally:
             self._lock.release()
 
-    def _split(self, view: memoryview, as_follower: bool) -> list[BatchHeader]:
+    def append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        *,
+        leader_epoch: int = 0,
+        durable: bool = False,
+    ) -> AppendResult:
+        """Append a COMMIT (``commit``) or ABORT marker for the producer's transaction, as
+        leader (followers replicate it with :meth:`append`). It ends the producer's open
+        transaction here, if any (a marker for a producer with none is appended and ends
+        nothing, as in Kafka); an ABORT is indexed. Raises
+        :class:`~core_log.producer_state.InvalidProducerEpochError` for an epoch older than the
+        producer's, :class:`~core_log.producer_state.TransactionCoordinatorFencedError` for an
+        older coordinator epoch, :class:`InvalidRecordError` for fields out of range."""
+        view, headers, marker = self._marker_batch(
+            producer_id, producer_epoch, commit, coordinator_epoch
+        )
+        with self._lock:
+            return self._append(view, headers, leader_epoch, False, durable, marker)
+
+    def try_append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        *,
+        leader_epoch: int = 0,
+        durable: bool = False,
+    ) -> AppendResult | None:
+        """:meth:`append_marker` if it can run without waiting (see :meth:`try_append`)."""
+        view, headers, marker = self._marker_batch(
+            producer_id, producer_epoch, commit, coordinator_epoch
+        )
+        return self._try(view, headers, leader_epoch, False, durable, marker)
+
+    def _marker_batch(
+        self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
+    ) -> tuple[memoryview, list[BatchHeader], ControlMarker]:
+        data = build_control_batch(
+            producer_id, producer_epoch, commit, coordinator_epoch, self.clock.now_ms()
+        )
+        marker = parse_control_batch(data)
+        assert marker is not None
+        return memoryview(data), [parse_header(data)], marker
+
+    def _split(
+        self, view: memoryview, as_follower: bool, transactional: bool = False
+    ) -> list[BatchHeader]:
         headers = split_batches(
-            view, strict=not as_follower, max_decompressed_bytes=self.config.max_decompressed_bytes
+            view,
+            strict=not as_follower,
+            max_decompressed_bytes=self.config.max_decompressed_bytes,
+            allow_transactional=transactional,
         )
         if not headers:
             raise InvalidRecordError("no record batch in the request")
@@ -332,10 +463,13 @@ class PartitionLog:
         leader_epoch: int,
         as_follower: bool,
         durable: bool,
+        marker: ControlMarker | None = None,
     ) -> AppendResult:
         self._check_open()
         if as_follower:
             self._check_follower_offsets(headers)
+        elif marker is not None:
+            self.producers.check_marker(marker)
         elif (duplicate := self._check_producer(headers, len(view))) is not None:
             # A durable retry of a batch not yet fsynced waits for the fsync too.
             unsynced = duplicate.last_offset >= self._recovery_point
@@ -398,9 +532,37 @@ class PartitionLog:
             if self.epochs.assign(epoch, h.base_offset):
                 self.epochs.store()
             if h.producer_id >= 0:
-                self.producers.update(h, h.base_offset, now)
+                if h.is_control:
+                    self._apply_marker(segment, parse_control_batch(raw), h, now)
+                else:
+                    self.producers.update(h, h.base_offset, now)
+                    if h.is_transactional or self._txn_view[0] is not None:
+                        self._publish_txn_view()
             offset = h.next_offset
         return offset
+
+    def _apply_marker(
+        self, segment: LogSegment, marker: ControlMarker | None, h: BatchHeader, now: int
+    ) -> None:
+        """The marker stored as ``h`` in ``segment`` ends its producer's transaction."""
+        if marker is None:  # a control batch that is no transaction marker: nothing to do
+            return
+        marker = dataclasses.replace(marker, offset=h.base_offset)
+        completed = self.producers.update_marker(marker, now)
+        if completed is None:
+            return
+        if completed.aborted:
+            self._index_abort(segment, completed)
+        self._publish_txn_view(((completed.last_offset, completed.first_offset),))
+
+    def _index_abort(self, segment: LogSegment, completed: CompletedTxn) -> None:
+        """The aborted-index entry of ``completed``; its LSO field is the LSO once the
+        marker is stable (the earliest other open transaction, else after the marker)."""
+        first_open = self.producers.first_ongoing_offset
+        lso = completed.last_offset + 1 if first_open is None else first_open
+        segment.txn_index.append(
+            AbortedTxn(completed.producer_id, completed.first_offset, completed.last_offset, lso)
+        )
 
     def _prepared(
         self,
@@ -417,7 +579,9 @@ class PartitionLog:
         for h in headers:
             raw = view[position : position + h.size_bytes]
             position += h.size_bytes
-            if append_time >= 0 or (target is not None and target != h.compression):
+            if (
+                append_time >= 0 or (target is not None and target != h.compression)
+            ) and not h.is_control:  # a marker is stored as built: uncompressed, stamped now
                 converted = recompress(raw, target) if target is not None else bytes(raw)
                 if append_time >= 0:
                     converted = restamp(converted, append_time)
@@ -556,6 +720,54 @@ class PartitionLog:
             return self._read(offset, max_bytes, max_offset)
         finally:
             self._lock.release()
+
+    def read_committed(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+    ) -> CommittedReadResult:
+        """:meth:`read` at ``isolation=read_committed``: never at or past the last stable offset
+        (nor ``max_offset``), with the aborted transactions overlapping the data returned. The
+        data still holds every batch (markers, aborted batches): the reader filters them with
+        :func:`core_log.isolation.committed_batches`, as a Kafka consumer does."""
+        with self._lock:
+            return self._read_committed(offset, max_bytes, max_offset)
+
+    def try_read_committed(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+    ) -> CommittedReadResult | None:
+        """:meth:`read_committed`, or None at once when another thread holds the lock."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._read_committed(offset, max_bytes, max_offset)
+        finally:
+            self._lock.release()
+
+    def _read_committed(
+        self, offset: int, max_bytes: int, max_offset: int | None
+    ) -> CommittedReadResult:
+        lso = self.last_stable_offset
+        r = self._read(offset, max_bytes, lso if max_offset is None else min(max_offset, lso))
+        aborted: tuple[AbortedTxn, ...] = ()
+        if r.data:
+            aborted = tuple(self.aborted_transactions(r.first_offset, r.next_offset))
+        return CommittedReadResult(
+            r.data,
+            r.first_offset,
+            r.next_offset,
+            r.high_watermark,
+            r.log_start_offset,
+            r.log_end_offset,
+            lso,
+            aborted,
+        )
+
+    def aborted_transactions(self, start: int, upper: int) -> list[AbortedTxn]:
+        """The aborted transactions whose offsets overlap ``[start, upper)``, by first offset
+        (Kafka's collectAbortedTransactions: the indexes of the segment holding ``start`` and
+        the later ones, until an entry proves no later one can overlap)."""
+        with self._lock:
+            i = self._segment_index(start)
+            return collect_aborted((s.txn_index for s in self._segments[i:]), start, upper)
 
     def _read(self, offset: int, max_bytes: int, max_offset: int | None) -> ReadResult:
         max_bytes = max(1, min(max_bytes, MAX_FETCH_BYTES))
@@ -773,6 +985,7 @@ class PartitionLog:
         if offset > self._log_start_offset:
             self._log_start_offset = offset
             self.producers.truncate_from_start(offset)
+            self._publish_txn_view()
             if self.epochs.truncate_from_start(offset):
                 self.epochs.store()
             if checkpoint:
@@ -848,6 +1061,8 @@ class PartitionLog:
                 if new is not None:
                     segments.append(new)
             self._segments = segments
+            if any(s.txn_index_stale for s in self._segments):
+                self._reload_producers()  # a swapped-in segment's aborted index is rebuilt
             return True
 
     # -- open, recover, close --------------------------------------------------------------------
@@ -857,7 +1072,7 @@ class PartitionLog:
             stray.unlink()
         complete_swaps(self.directory)
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
-        for suffix in (".index", ".timeindex"):  # index files without a log file
+        for suffix in (".index", ".timeindex", TXN_INDEX_SUFFIX):  # without a log file
             for p in self.directory.glob("*" + suffix):
                 if not p.stem.isdigit() or int(p.stem) not in bases:
                     p.unlink()
@@ -916,15 +1131,50 @@ class PartitionLog:
 
     def _reload_producers(self) -> None:
         """Producer state = the newest snapshot at or below the LEO + a replay of the batch
-        headers after it (headers only: no record is decoded)."""
-        start = self.producers.recover(self.directory, self._log_start_offset, self.log_end_offset)
+        headers after it (headers only: no record is decoded but the markers').
+
+        The snapshot is also at or below the high watermark and the first segment whose
+        aborted-transaction index must be rebuilt (emptied by recovery, or corrupt), so that
+        the replay sees every marker those need: the transactions ended by a marker at or past
+        the high watermark (the LSO waits for them) and the aborts of those segments."""
+        leo = self.log_end_offset
+        stale = [s.base_offset for s in self._segments if s.txn_index_stale]
+        hw = self._high_watermark
+        start = self.producers.recover(
+            self.directory,
+            self._log_start_offset,
+            leo,
+            replay_from_max=min([hw, leo, *stale]),
+        )
         now = self.clock.now_ms()
+        ended: list[tuple[int, int]] = []
         for segment in self._segments:
             if segment.next_offset <= start:
                 continue
-            for h in segment.batch_headers(start):
-                if h.producer_id >= 0 and h.base_offset >= start:
+            for position, h in segment.batch_positions(start):
+                if h.producer_id < 0 or h.base_offset < start:
+                    continue
+                if not h.is_control:
                     self.producers.update(h, h.base_offset, now)
+                    continue
+                raw = segment.read_bytes(position, h.size_bytes)
+                marker = parse_control_batch(raw)
+                if marker is None:
+                    continue
+                completed = self.producers.update_marker(marker, now)
+                if completed is None:
+                    continue
+                if completed.aborted and segment.txn_index_stale:
+                    self._index_abort(segment, completed)
+                if completed.last_offset >= hw:
+                    ended.append((completed.last_offset, completed.first_offset))
+        for segment in self._segments:
+            if segment.txn_index_stale:
+                # Rebuilt below the recovery point: to disk now, no later flush covers it.
+                segment.txn_index.rewrite(fsync=True)
+                segment.txn_index_stale = False
+        self._txn_view = (None, ())
+        self._publish_txn_view(tuple(ended))
 
     def expire_producers(self, producer_id_expiration_ms: int) -> list[int]:
         """Forget producers idle for longer than the window (Kafka: producer.id.expiration.ms)."""

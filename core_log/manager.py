@@ -21,7 +21,14 @@ Theory of operation
   append cannot expose an ``acks=all`` one still being fsynced; it never moves backwards. A
   replicated partition leaves it to the replication layer (:meth:`Partition.set_high_watermark`).
 * Long-polls: :meth:`Partition.wait_for` parks a future per waiter, resolved when the high
-  watermark moves; no polling, and the number of waiters per partition is bounded.
+  watermark moves; no polling, and the number of waiters per partition is bounded. A
+  ``read_committed`` waiter waits for the last stable offset, which moves only with the high
+  watermark (a marker is stable once the high watermark passes it), so the same wake-ups serve.
+* Transactions: :meth:`Partition.append` takes ``transactional=True`` once the broker checked
+  the transaction with its coordinator; :meth:`Partition.append_marker` writes COMMIT/ABORT
+  markers, queued behind pending appends like any append; :meth:`Partition.read_committed`
+  and :attr:`Partition.last_stable_offset` serve ``read_committed`` readers
+  (:mod:`core_log.isolation` filters what they get).
 * Storage failures (:mod:`core_log.logdir`): a failed fsync, or a write that cannot be undone,
   takes the data directory offline — every partition answers KAFKA_STORAGE_ERROR, pending
   acknowledgements fail, and nothing more is written until a restart recovers the logs; a
@@ -64,13 +71,14 @@ from .errors import (
 )
 from .executors import StorageExecutors
 from .handles import HandleCache
+from .isolation import IsolationLevel
 from .limits import (
     CREATE_CHUNK_PARTITIONS,
     DEFAULT_MAX_OPEN_SEGMENT_HANDLES,
     MAX_WAITERS_PER_PARTITION,
     OFF_LOOP_IO_BYTES,
 )
-from .log import AppendResult, PartitionLog, ReadResult, RetentionResult
+from .log import AppendResult, CommittedReadResult, PartitionLog, ReadResult, RetentionResult
 from .logdir import LogDirectory
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
@@ -131,9 +139,38 @@ class _PendingAppend:
     as_follower: bool
     durable: bool
     small: bool  # may run inline
+    transactional: bool = False
+    # (producer id, producer epoch, commit, coordinator epoch) of a marker; ``data`` is unused
+    marker: tuple[int, int, bool, int] | None = None
     future: asyncio.Future[AppendResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+
+    def try_on(self, log: PartitionLog) -> AppendResult | None:
+        if self.marker is not None:
+            return log.try_append_marker(
+                *self.marker, leader_epoch=self.leader_epoch, durable=self.durable
+            )
+        return log.try_append(
+            self.data,
+            leader_epoch=self.leader_epoch,
+            as_follower=self.as_follower,
+            durable=self.durable,
+            transactional=self.transactional,
+        )
+
+    def run_on(self, log: PartitionLog) -> AppendResult:
+        if self.marker is not None:
+            return log.append_marker(
+                *self.marker, leader_epoch=self.leader_epoch, durable=self.durable
+            )
+        return log.append(
+            self.data,
+            leader_epoch=self.leader_epoch,
+            as_follower=self.as_follower,
+            durable=self.durable,
+            transactional=self.transactional,
+        )
 
 
 class Partition:
@@ -180,6 +217,12 @@ class Partition:
     def log_start_offset(self) -> int:
         return self.log.log_start_offset
 
+    @property
+    def last_stable_offset(self) -> int:
+        """The LSO (:attr:`PartitionLog.last_stable_offset`): ``read_committed`` readers stop
+        there."""
+        return self.log.last_stable_offset
+
     async def append(
         self,
         data: bytes | memoryview,
@@ -188,6 +231,7 @@ class Partition:
         as_follower: bool = False,
         durable: bool = False,
         inline_max_bytes: int = OFF_LOOP_IO_BYTES - 1,
+        transactional: bool = False,
     ) -> AppendResult:
         """Append whole batches; with ``durable`` (or when ``flush.messages`` is reached) wait
         for an fsync covering them. Advances the high watermark in standalone mode, never past
@@ -196,21 +240,62 @@ class Partition:
         ``inline_max_bytes``: appends up to this size run on the event loop when the log's lock
         is free and nothing would block (:meth:`PartitionLog.try_append`); larger ones in the
         appends pool. A caller raises it where a thread hop costs more than the write (a
-        follower's replication append: see cluster.replica_manager)."""
+        follower's replication append: see cluster.replica_manager).
+
+        ``transactional``: accept transactional data batches (:meth:`PartitionLog.append`);
+        the caller has checked the transaction with its coordinator."""
         self.log_dir.check()
         try:
             result = None
             small = len(data) <= inline_max_bytes and (as_follower or not any_compressed(data))
             if small and not self._pending:
                 result = self.log.try_append(
-                    data, leader_epoch=leader_epoch, as_follower=as_follower, durable=durable
+                    data,
+                    leader_epoch=leader_epoch,
+                    as_follower=as_follower,
+                    durable=durable,
+                    transactional=transactional,
                 )
             if result is None:
                 result = await self._queued(
-                    _PendingAppend(data, leader_epoch, as_follower, durable, small)
+                    _PendingAppend(data, leader_epoch, as_follower, durable, small, transactional)
                 )
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
+        if result.sync_required:
+            await self.sync(result.last_offset + 1)
+        self._advance_high_watermark()
+        return result
+
+    async def append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        *,
+        leader_epoch: int = 0,
+        durable: bool = False,
+    ) -> AppendResult:
+        """Append a COMMIT or ABORT marker (:meth:`PartitionLog.append_marker`), in order
+        behind any append still queued; advances the high watermark like :meth:`append`."""
+        self.log_dir.check()
+        marker = (producer_id, producer_epoch, commit, coordinator_epoch)
+        pending = _PendingAppend(b"", leader_epoch, False, durable, True, marker=marker)
+        return await self._append_pending(pending)
+
+    async def _append_pending(self, pending: _PendingAppend) -> AppendResult:
+        try:
+            result = None
+            if pending.small and not self._pending:
+                result = pending.try_on(self.log)
+            if result is None:
+                result = await self._queued(pending)
+        except (KafkaStorageError, OSError) as e:
+            raise self._storage_failure(e) from e
+        return await self._after_append(result)
+
+    async def _after_append(self, result: AppendResult) -> AppendResult:
         if result.sync_required:
             await self.sync(result.last_offset + 1)
         self._advance_high_watermark()
@@ -243,21 +328,9 @@ class Partition:
                 try:
                     result = None
                     if item.small:
-                        result = self.log.try_append(
-                            item.data,
-                            leader_epoch=item.leader_epoch,
-                            as_follower=item.as_follower,
-                            durable=item.durable,
-                        )
+                        result = item.try_on(self.log)
                     if result is None:
-                        result = await executors.run(
-                            self.pools.appends,
-                            self.log.append,
-                            item.data,
-                            leader_epoch=item.leader_epoch,
-                            as_follower=item.as_follower,
-                            durable=item.durable,
-                        )
+                        result = await executors.run(self.pools.appends, item.run_on, self.log)
                 except Exception as e:  # this append's failure, its caller's to raise
                     pending.popleft()
                     if not item.future.done():
@@ -330,6 +403,28 @@ class Partition:
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
 
+    async def read_committed(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        inline_max_bytes: int = OFF_LOOP_IO_BYTES - 1,
+    ) -> CommittedReadResult:
+        """:meth:`read` at ``read_committed`` (:meth:`PartitionLog.read_committed`): never at
+        or past the last stable offset, with the aborted transactions of the data."""
+        self.log_dir.check()
+        try:
+            if max_bytes <= inline_max_bytes:
+                result = self.log.try_read_committed(offset, max_bytes, max_offset=max_offset)
+                if result is not None:
+                    return result
+            return await executors.run(
+                self.pools.reads, self.log.read_committed, offset, max_bytes, max_offset=max_offset
+            )
+        except (KafkaStorageError, OSError) as e:
+            raise self._storage_failure(e) from e
+
     async def offset_for_timestamp(self, timestamp: int) -> int | None:
         """The first offset whose timestamp is >= ``timestamp`` (None if none): it reads and
         decodes batches, so it runs in the reads pool."""
@@ -350,8 +445,11 @@ class Partition:
             if not w.done():
                 w.set_result(None)
 
-    async def wait_for(self, offset: int, timeout_s: float) -> bool:
-        """Wait until the high watermark passes ``offset``; False on timeout.
+    async def wait_for(
+        self, offset: int, timeout_s: float, *, isolation: IsolationLevel = "read_uncommitted"
+    ) -> bool:
+        """Wait until the high watermark (the last stable offset at ``read_committed``)
+        passes ``offset``; False on timeout.
 
         Returns at once (True if data is there) when the waiter bound is reached, and False
         once the partition is released (deleted, or the broker is shutting down). Raises
@@ -359,7 +457,12 @@ class Partition:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self.log.high_watermark <= offset:
+        committed = isolation == "read_committed"
+
+        def bound() -> int:
+            return self.log.last_stable_offset if committed else self.log.high_watermark
+
+        while bound() <= offset:
             self.log_dir.check()
             if self.released:
                 return False
@@ -372,7 +475,7 @@ class Partition:
                 async with asyncio.timeout(remaining):
                     await waiter
             except TimeoutError:
-                return self.log.high_watermark > offset
+                return bound() > offset
             finally:
                 self._waiters.discard(waiter)
         return True

@@ -19,6 +19,9 @@ anything, what to do with an incoming batch:
   ``base_sequence == last_sequence + 1`` (or 0 after 2**31-1) is next in line: ``None``;
   anything else (a gap, or a retry older than the 5) is :class:`OutOfOrderSequenceError` (409)
   with ``expected``/``received`` in its detail.
+* transactions (KIP-98): a producer whose transaction is open here may only send transactional
+  batches of that epoch (anything else is :class:`InvalidTxnStateError`, Kafka's
+  INVALID_TXN_STATE: a write that would slip into or out of the open transaction).
 * an unknown producer id: any sequence is accepted. Its state may have expired
   (``producer.id.expiration.ms``), been evicted by :data:`MAX_PRODUCERS_PER_PARTITION`, or left
   with deleted segments; Kafka >= 2.5 (KIP-360) accepts such a producer rather than answering
@@ -29,14 +32,29 @@ After an append the log calls :meth:`~ProducerStateManager.update` with the stor
 same call rebuilds the state during recovery. ``update`` validates nothing (the leader checked
 when appending; replicas and replay take what the log holds), but asserts offsets only grow.
 
+Transactions: a producer's first transactional batch opens its transaction here (its offset is
+``current_txn_first_offset``, also kept in :attr:`~ProducerStateManager.ongoing`, ordered by
+first offset, so the earliest open transaction — the last stable offset — is found in O(1)).
+A transaction marker (:mod:`core_log.control`) goes to
+:meth:`~ProducerStateManager.update_marker`, which ends the open transaction and returns it as a
+:class:`CompletedTxn`; a marker for a producer with no open transaction here (it wrote nothing
+to this partition) ends nothing and returns None, as in Kafka. Either way the marker's epoch
+becomes the producer's (with KIP-890 the coordinator bumps the epoch at every commit/abort and
+the marker carries the new one: the old epoch's batches are forgotten and its late writes are
+fenced) and so does its coordinator epoch. :meth:`~ProducerStateManager.check_marker` fences a
+marker of an older producer epoch (:class:`InvalidProducerEpochError`) or an older coordinator
+epoch (:class:`TransactionCoordinatorFencedError`). A producer with an open transaction is never
+expired and is evicted only when every producer has one.
+
 Truncation: :meth:`~ProducerStateManager.truncate_to` drops the retained batches at or past an
 offset and producers left with none. It is exact when the truncation point lies inside every
 producer's retained window; a producer whose whole window is cut but has older batches in the
 log is forgotten (treated as unknown). Kafka instead reloads the newest snapshot below the
 truncation point and replays; the log can do the same with :meth:`~ProducerStateManager.recover`
 (``log_end`` = the truncation point) and a replay of the tail.
-:meth:`~ProducerStateManager.truncate_from_start` drops producers whose last batch lies below
-the new log start (Kafka's rule); retained batches below it stay, so a retry still gets offsets.
+:meth:`~ProducerStateManager.truncate_from_start` drops producers whose last batch and marker lie
+below the new log start (Kafka's rule); retained batches below it stay, so a retry still gets
+offsets.
 
 Bounds: at most :data:`MAX_PRODUCERS_PER_PARTITION` producers; a new one past the cap evicts the
 least recently appended producer (the one idle longest while append times do not go back).
@@ -46,16 +64,19 @@ Snapshot file (one per snapshot, ``{offset:020d}.snapshot`` in the partition dir
 The state as of ``offset`` — every batch below it replayed, none at or past it. Big-endian::
 
     header (SNAPSHOT_HEADER, 18 bytes)
-         0  2  version          SNAPSHOT_VERSION (1)
+         0  2  version          SNAPSHOT_VERSION (2; version 1 is still read)
          2  4  crc              CRC-32C of every byte after this field
          6  8  offset           must equal the offset in the file name
         14  4  producerCount    0..MAX_PRODUCERS_PER_PARTITION
-    producerCount x producer (PRODUCER_ENTRY, 27 bytes), least recently appended first
+    producerCount x producer (PRODUCER_ENTRY, 39 bytes), least recently appended first
          0  8  producerId
          8  2  epoch
-        10  8  lastTimestampMs  append time of its last batch
+        10  8  lastTimestampMs  append time of its last batch or marker
         18  8  txnFirstOffset   -1 when no transaction is open
-        26  1  batchCount       1..BATCHES_RETAINED
+        26  4  coordinatorEpoch of its last marker, -1 if none    (not in version 1)
+        30  8  markerOffset     offset of its last marker, -1 if none  (not in version 1)
+        38  1  batchCount       0..BATCHES_RETAINED (version 1: 1..BATCHES_RETAINED; 0 when a
+                                marker's new epoch forgot the batches of the old one)
     batchCount x batch (BATCH_ENTRY, 32 bytes), oldest first
          0  4  firstSequence
          4  4  lastSequence
@@ -94,6 +115,7 @@ import crc32c as _crc32c
 
 from .batch import NO_SEQUENCE, BatchHeader
 from .checkpoint import write_atomic
+from .control import ControlMarker
 from .errors import ErrorCode, InvalidRecordError, KafkaStorageError, LogbusError
 
 # The retries a producer can have in flight: Kafka's idempotent producer allows at most 5
@@ -114,12 +136,14 @@ DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
 SNAPSHOTS_RETAINED = 2
 
 SNAPSHOT_SUFFIX = ".snapshot"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 SNAPSHOT_HEADER = struct.Struct(">hIqi")  # version, crc, offset, producerCount
-PRODUCER_ENTRY = struct.Struct(">qhqqB")  # producerId, epoch, lastTimestampMs, txnFirst, count
+# producerId, epoch, lastTimestampMs, txnFirstOffset, coordinatorEpoch, markerOffset, batchCount
+PRODUCER_ENTRY = struct.Struct(">qhqqiqB")
+PRODUCER_ENTRY_V1 = struct.Struct(">qhqqB")  # version 1: no coordinatorEpoch
 BATCH_ENTRY = struct.Struct(">iiqqq")  # firstSeq, lastSeq, firstOffset, lastOffset, maxTimestamp
 CRC_START = 6  # the CRC covers bytes [6, end)
-assert (SNAPSHOT_HEADER.size, PRODUCER_ENTRY.size, BATCH_ENTRY.size) == (18, 27, 32)
+assert (SNAPSHOT_HEADER.size, PRODUCER_ENTRY.size, BATCH_ENTRY.size) == (18, 39, 32)
 MAX_SNAPSHOT_BYTES = SNAPSHOT_HEADER.size + MAX_PRODUCERS_PER_PARTITION * (
     PRODUCER_ENTRY.size + BATCHES_RETAINED * BATCH_ENTRY.size
 )
@@ -138,6 +162,19 @@ class InvalidProducerEpochError(LogbusError):
     """The batch's epoch is older than the producer's: a zombie producer, fenced."""
 
     code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+class InvalidTxnStateError(LogbusError):
+    """A write that does not fit the producer's transaction state here (Kafka's
+    INVALID_TXN_STATE): a non-transactional or new-epoch batch while its transaction is open."""
+
+    code = ErrorCode.INVALID_TXN_STATE
+
+
+class TransactionCoordinatorFencedError(LogbusError):
+    """A marker from a coordinator older than one that already wrote for this producer."""
+
+    code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
 class CorruptSnapshotError(KafkaStorageError):
@@ -162,13 +199,30 @@ class DuplicateOf:
     max_timestamp: int
 
 
+@dataclass(frozen=True, slots=True)
+class CompletedTxn:
+    """A transaction a marker ended: its producer, first offset, the marker's offset, and how."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int  # the marker's offset
+    aborted: bool
+
+
 @dataclass(slots=True)
 class ProducerEntry:
     producer_id: int
     epoch: int
     last_timestamp_ms: int
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_RETAINED))
-    current_txn_first_offset: int | None = None  # transactions come later; always None for now
+    current_txn_first_offset: int | None = None  # the open transaction's first offset here
+    coordinator_epoch: int = -1  # of the last marker written for this producer
+    marker_offset: int = -1  # offset of that marker
+
+    @property
+    def last_write_offset(self) -> int:
+        """The offset of its last batch or marker, whichever is later (-1: none)."""
+        return max(self.last_offset, self.marker_offset)
 
     @property
     def last_seq(self) -> int:
@@ -211,6 +265,9 @@ class ProducerStateManager:
         self.max_producers = max_producers
         # Insertion order is append recency: the first entry is the least recently appended.
         self._producers: dict[int, ProducerEntry] = {}
+        # Producer id -> first offset of its open transaction, in first-offset order (a
+        # transaction opens at the log end, after every open one).
+        self._ongoing: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -222,6 +279,16 @@ class ProducerStateManager:
     def producers(self) -> dict[int, ProducerEntry]:
         """A shallow copy, least recently appended first. Do not mutate the entries."""
         return dict(self._producers)
+
+    @property
+    def ongoing(self) -> dict[int, int]:
+        """Producer id -> first offset of each open transaction, earliest first (a copy)."""
+        return dict(self._ongoing)
+
+    @property
+    def first_ongoing_offset(self) -> int | None:
+        """The first offset of the earliest open transaction, or None."""
+        return next(iter(self._ongoing.values()), None)
 
     # -- the decision --------------------------------------------------------------------------
 
@@ -243,6 +310,18 @@ class ProducerStateManager:
         entry = self._producers.get(h.producer_id)
         if entry is None:
             return None
+        if (
+            entry.current_txn_first_offset is not None
+            and h.producer_epoch >= entry.epoch
+            and (not h.is_transactional or h.producer_epoch != entry.epoch)
+        ):
+            raise InvalidTxnStateError(
+                f"producer {h.producer_id} has a transaction open at offset "
+                f"{entry.current_txn_first_offset} (epoch {entry.epoch}): expected a "
+                f"transactional batch of that epoch",
+                producer_id=h.producer_id,
+                epoch=entry.epoch,
+            )
         if h.producer_epoch < entry.epoch:
             raise InvalidProducerEpochError(
                 f"producer {h.producer_id} epoch {h.producer_epoch} is fenced by epoch "
@@ -276,11 +355,64 @@ class ProducerStateManager:
 
     # -- changes -------------------------------------------------------------------------------
 
+    def check_marker(self, marker: ControlMarker) -> None:
+        """May this transaction marker be appended (the leader asks; changes nothing)?
+
+        Raises :class:`InvalidProducerEpochError` for an epoch older than the producer's and
+        :class:`TransactionCoordinatorFencedError` for a coordinator epoch older than the one
+        of the producer's last marker. An unknown producer's marker is accepted.
+        """
+        entry = self._producers.get(marker.producer_id)
+        if entry is None:
+            return
+        if marker.producer_epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"marker for producer {marker.producer_id} epoch {marker.producer_epoch} is "
+                f"fenced by epoch {entry.epoch}",
+                producer_id=marker.producer_id,
+                epoch=entry.epoch,
+                received_epoch=marker.producer_epoch,
+            )
+        if marker.coordinator_epoch < entry.coordinator_epoch:
+            raise TransactionCoordinatorFencedError(
+                f"marker for producer {marker.producer_id} from coordinator epoch "
+                f"{marker.coordinator_epoch}, older than {entry.coordinator_epoch}",
+                producer_id=marker.producer_id,
+                coordinator_epoch=entry.coordinator_epoch,
+            )
+
+    def update_marker(self, marker: ControlMarker, append_time_ms: int) -> CompletedTxn | None:
+        """Record the transaction marker ``marker`` (appended at ``marker.offset``); also the
+        replay step of recovery. Returns the transaction it ended, or None when the producer had
+        none open here. No validation (see :meth:`check_marker`)."""
+        pid = marker.producer_id
+        entry = self._producers.pop(pid, None)
+        if entry is None:
+            while len(self._producers) >= self.max_producers:
+                self._evict_one()
+            entry = ProducerEntry(pid, marker.producer_epoch, append_time_ms)
+        else:
+            if marker.producer_epoch > entry.epoch:  # KIP-890: the coordinator bumped it
+                entry.batches.clear()
+                entry.epoch = marker.producer_epoch
+            entry.last_timestamp_ms = append_time_ms
+        entry.coordinator_epoch = max(entry.coordinator_epoch, marker.coordinator_epoch)
+        entry.marker_offset = marker.offset
+        completed = None
+        first = entry.current_txn_first_offset
+        if first is not None:
+            completed = CompletedTxn(pid, first, marker.offset, not marker.commit)
+            entry.current_txn_first_offset = None
+            self._ongoing.pop(pid, None)
+        self._producers[pid] = entry
+        return completed
+
     def update(self, h: BatchHeader, first_offset: int, append_time_ms: int) -> None:
         """Record batch ``h``, appended at ``first_offset``; also the replay step of recovery.
 
         No validation (see the module docstring). A new epoch forgets the old epoch's batches;
-        a new producer past the cap evicts the least recently appended one.
+        a new producer past the cap evicts the least recently appended one. A transactional
+        batch opens its producer's transaction unless one is open.
         """
         if not _idempotent(h):
             return
@@ -300,6 +432,9 @@ class ProducerStateManager:
                 entry.epoch = h.producer_epoch
             entry.last_timestamp_ms = append_time_ms
         entry.batches.append(meta)
+        if h.is_transactional and entry.current_txn_first_offset is None:
+            entry.current_txn_first_offset = first_offset
+            self._ongoing[h.producer_id] = first_offset
         self._producers[h.producer_id] = entry  # to the end: most recently appended
 
     def _evict_one(self) -> None:
@@ -308,7 +443,11 @@ class ProducerStateManager:
             (pid for pid, e in self._producers.items() if e.current_txn_first_offset is None),
             next(iter(self._producers)),
         )
-        del self._producers[victim]
+        self._drop(victim)
+
+    def _drop(self, producer_id: int) -> None:
+        del self._producers[producer_id]
+        self._ongoing.pop(producer_id, None)
 
     def truncate_to(self, offset: int) -> None:
         """The log was cut at ``offset``: drop batches at or past it, and producers left empty."""
@@ -316,13 +455,21 @@ class ProducerStateManager:
             entry = self._producers[pid]
             while entry.batches and entry.batches[-1].last_offset >= offset:
                 entry.batches.pop()
-            if not entry.batches:
-                del self._producers[pid]
+            first = entry.current_txn_first_offset
+            if first is not None and first >= offset:
+                entry.current_txn_first_offset = None
+                self._ongoing.pop(pid, None)
+            if entry.marker_offset >= offset:
+                entry.marker_offset = -1
+            if not entry.batches and entry.marker_offset < 0:
+                self._drop(pid)
 
     def truncate_from_start(self, log_start_offset: int) -> None:
         """The log now starts at ``log_start_offset``: drop producers whose data all lies below."""
-        for pid in [p for p, e in self._producers.items() if e.last_offset < log_start_offset]:
-            del self._producers[pid]
+        for pid in [
+            p for p, e in self._producers.items() if e.last_write_offset < log_start_offset
+        ]:
+            self._drop(pid)
 
     def expire(
         self, now_ms: int, producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
@@ -338,11 +485,12 @@ class ProducerStateManager:
             and now_ms - e.last_timestamp_ms >= producer_id_expiration_ms
         ]
         for pid in expired:
-            del self._producers[pid]
+            self._drop(pid)
         return expired
 
     def clear(self) -> None:
         self._producers.clear()
+        self._ongoing.clear()
 
     # -- snapshots -----------------------------------------------------------------------------
 
@@ -350,10 +498,19 @@ class ProducerStateManager:
         """The snapshot file's bytes for the current state as of ``offset`` (pure)."""
         parts = []
         for e in self._producers.values():
-            assert e.last_offset < offset, "a snapshot holds only batches below its offset"
+            assert e.last_write_offset < offset, "a snapshot holds only writes below its offset"
             txn = e.current_txn_first_offset
             txn = NO_TXN_OFFSET if txn is None else txn
-            head = (e.producer_id, e.epoch, e.last_timestamp_ms, txn, len(e.batches))
+            assert txn < offset, "a snapshot holds only transactions opened below its offset"
+            head = (
+                e.producer_id,
+                e.epoch,
+                e.last_timestamp_ms,
+                txn,
+                e.coordinator_epoch,
+                e.marker_offset,
+                len(e.batches),
+            )
             parts.append(PRODUCER_ENTRY.pack(*head))
             for b in e.batches:
                 parts.append(
@@ -373,8 +530,10 @@ class ProducerStateManager:
         if len(data) < SNAPSHOT_HEADER.size or len(data) > MAX_SNAPSHOT_BYTES:
             raise CorruptSnapshotError(f"producer snapshot of {len(data)} bytes")
         version, crc, offset, count = SNAPSHOT_HEADER.unpack_from(data)
-        if version != SNAPSHOT_VERSION:
+        if version not in (1, SNAPSHOT_VERSION):
             raise CorruptSnapshotError(f"producer snapshot version {version}")
+        producer_entry = PRODUCER_ENTRY if version == SNAPSHOT_VERSION else PRODUCER_ENTRY_V1
+        min_batches = 0 if version == SNAPSHOT_VERSION else 1
         if _crc32c.crc32c(memoryview(data)[CRC_START:]) != crc:
             raise CorruptSnapshotError("producer snapshot CRC-32C mismatch")
         if not 0 <= count <= MAX_PRODUCERS_PER_PARTITION:
@@ -383,11 +542,27 @@ class ProducerStateManager:
         pos = SNAPSHOT_HEADER.size
         try:
             for _ in range(count):
-                pid, epoch, last_ts, txn, n = PRODUCER_ENTRY.unpack_from(data, pos)
-                pos += PRODUCER_ENTRY.size
-                if pid < 0 or epoch < 0 or not 1 <= n <= BATCHES_RETAINED or pid in producers:
+                fields = producer_entry.unpack_from(data, pos)
+                pos += producer_entry.size
+                pid, epoch, last_ts, txn = fields[:4]
+                coordinator_epoch, marker_offset = fields[4:6] if len(fields) == 7 else (-1, -1)
+                n = fields[-1]
+                if (
+                    pid < 0
+                    or epoch < 0
+                    or not min_batches <= n <= BATCHES_RETAINED
+                    or pid in producers
+                    or not (txn == NO_TXN_OFFSET or 0 <= txn < offset)
+                    or not -1 <= marker_offset < offset
+                ):
                     raise CorruptSnapshotError(f"bad producer entry {pid} in snapshot")
-                entry = ProducerEntry(pid, epoch, last_ts)
+                entry = ProducerEntry(
+                    pid,
+                    epoch,
+                    last_ts,
+                    coordinator_epoch=coordinator_epoch,
+                    marker_offset=marker_offset,
+                )
                 entry.current_txn_first_offset = None if txn == NO_TXN_OFFSET else txn
                 for _ in range(n):
                     b = BatchMetadata(*BATCH_ENTRY.unpack_from(data, pos))
@@ -405,6 +580,14 @@ class ProducerStateManager:
         while len(producers) > self.max_producers:
             del producers[next(iter(producers))]
         self._producers = producers
+        self._ongoing = {
+            pid: first
+            for first, pid in sorted(
+                (e.current_txn_first_offset, pid)
+                for pid, e in producers.items()
+                if e.current_txn_first_offset is not None
+            )
+        }
         return int(offset)
 
     def snapshot(self, directory: Path, offset: int) -> Path:
@@ -433,10 +616,20 @@ class ProducerStateManager:
         if offset != expected:
             raise CorruptSnapshotError(f"{path.name} holds the state as of offset {offset}")
         self._producers = fresh._producers
+        self._ongoing = fresh._ongoing
         return offset
 
-    def recover(self, directory: Path, log_start_offset: int, log_end_offset: int) -> int:
-        """Load the newest valid snapshot at or below ``log_end_offset``; return the replay start.
+    def recover(
+        self,
+        directory: Path,
+        log_start_offset: int,
+        log_end_offset: int,
+        *,
+        replay_from_max: int | None = None,
+    ) -> int:
+        """Load the newest valid snapshot at or below ``log_end_offset`` (and at or below
+        ``replay_from_max`` when given: the log replays from there to rebuild what snapshots do
+        not hold); return the replay start.
 
         Snapshots past ``log_end_offset`` are stale and deleted, as are corrupt ones (Kafka does
         the same). Without a valid snapshot the state starts empty. The caller then replays
@@ -444,10 +637,13 @@ class ProducerStateManager:
         """
         self.clear()
         start = log_start_offset
+        limit = log_end_offset if replay_from_max is None else replay_from_max
         for o in reversed(list_snapshots(directory)):
             path = snapshot_path(directory, o)
             if o > log_end_offset:
                 path.unlink(missing_ok=True)
+                continue
+            if o > limit:
                 continue
             try:
                 start = max(self.load(path), log_start_offset)

@@ -1,4 +1,6 @@
-"""One segment of a partition log: ``{base_offset:020d}.log`` and its two indexes.
+"""One segment of a partition log: ``{base_offset:020d}.log``, its two offset/time indexes and
+its aborted-transaction index (:mod:`core_log.txn_index`, ``.txnindex``, a file only once a
+transaction aborted in the segment).
 
 The ``.log`` file is a plain concatenation of record batches v2 (see :mod:`core_log.batch`),
 exactly as they travel on the wire, in increasing offset order. Positions are byte positions
@@ -41,6 +43,7 @@ from .handles import Handle, HandleCache, RetiredHandleError
 from .index import IndexCorrupt, OffsetIndex, TimeIndex
 from .limits import MAX_BATCH_BYTES, MAX_RELATIVE_OFFSET
 from .recordscan import batch_columns
+from .txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -85,6 +88,12 @@ class LogSegment:
         self.time_index = TimeIndex(
             directory / f"{name}.timeindex{suffix}", base_offset, index_max_entries
         )
+        self.txn_index = TransactionIndex(
+            directory / f"{name}{TXN_INDEX_SUFFIX}{suffix}", base_offset
+        )
+        # True when the aborted-transaction index was emptied by a recovery scan or failed its
+        # load checks: the log refills it from a producer-state replay, then clears this.
+        self.txn_index_stale = False
         self.index_interval_bytes = index_interval_bytes
         self.size = 0
         self.next_offset = base_offset
@@ -222,17 +231,21 @@ class LogSegment:
 
     def batch_headers(self, from_offset: int) -> list[BatchHeader]:
         """Headers of the batches from the one holding ``from_offset`` to the end."""
+        return [h for _, h in self.batch_positions(from_offset)]
+
+    def batch_positions(self, from_offset: int) -> list[tuple[int, BatchHeader]]:
+        """(position, header) of the batches from the one holding ``from_offset`` to the end."""
         found = self.find_batch(from_offset)
         if found is None:
             return []
         position, _ = found
-        out: list[BatchHeader] = []
+        out: list[tuple[int, BatchHeader]] = []
         with self._handles.use(self._handle) as fd:
             while position < self.size:
                 h = self._header_at(fd, position)
                 if h is None:
                     break
-                out.append(h)
+                out.append((position, h))
                 position += h.size_bytes
         return out
 
@@ -305,9 +318,12 @@ class LogSegment:
     # -- durability ------------------------------------------------------------------------------
 
     def fsync(self) -> None:
-        """Flush pending index entries and fsync the log (safe alongside appends)."""
+        """Flush pending index entries and fsync the log (safe alongside appends). New
+        aborted-transaction entries are fsynced too: recovery trusts them below the recovery
+        point."""
         self.offset_index.flush(fsync=False)
         self.time_index.flush(fsync=False)
+        self.txn_index.flush(fsync=True)
         if self._closed:
             return
         # Retention may delete this segment meanwhile: then there is nothing left to sync.
@@ -335,6 +351,11 @@ class LogSegment:
         except (IndexCorrupt, CorruptRecordError):
             self.recover()
             return
+        try:
+            self.txn_index.load(self.next_offset)
+        except IndexCorrupt:
+            self.txn_index.reset()
+            self.txn_index_stale = True
         last = self.time_index.last_entry
         if last is not None and last[0] > self.max_timestamp:
             self.max_timestamp, self.offset_of_max_timestamp = last
@@ -402,6 +423,8 @@ class LogSegment:
         """
         self.offset_index.reset()
         self.time_index.reset()
+        self.txn_index.reset()
+        self.txn_index_stale = True
         self.next_offset = self.base_offset
         self.max_timestamp = NO_TIMESTAMP
         self.offset_of_max_timestamp = self.base_offset
@@ -463,6 +486,7 @@ class LogSegment:
             fileio.ops.ftruncate(fd, position)
         self.offset_index.truncate_to_position(position)
         self.time_index.truncate_to_offset(offset)
+        self.txn_index.truncate_to(offset)
         self.size = position
         self._reload_tail()
         self._bytes_since_index = self.index_interval_bytes  # index the next append
@@ -479,6 +503,7 @@ class LogSegment:
             return
         self.offset_index.flush(fsync=False)
         self.time_index.flush(fsync=False)
+        self.txn_index.flush(fsync=False)
         self._closed = True
         self._handle.pinned = False
         self._handles.close(self._handle)
@@ -488,6 +513,7 @@ class LogSegment:
         self.log_path.unlink(missing_ok=True)
         self.offset_index.delete()
         self.time_index.delete()
+        self.txn_index.delete()
 
 
 # Timestamps compared per C call: ~1 ms of the GIL each, so the event loop gets it back between

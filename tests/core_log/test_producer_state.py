@@ -495,13 +495,16 @@ def resigned(data: bytes) -> bytes:
 @pytest.mark.parametrize(
     "damage",
     [
-        lambda d: b"\x00\x02" + d[2:],  # a future version
+        lambda d: b"\x00\x03" + d[2:],  # a future version
         lambda d: d + b"\x00",  # trailing bytes
         lambda d: d[:14] + struct.pack(">i", -1) + d[18:],  # negative producer count
         lambda d: d[:14] + struct.pack(">i", 10**6) + d[18:],  # count past the cap
         lambda d: d[:6] + struct.pack(">q", 1) + d[14:],  # offset below its batches
-        lambda d: d[:44] + b"\x00" + d[45:],  # a producer with no batches
-        lambda d: d[:45] + d[77:109] + d[45:77] + d[109:],  # batches out of order
+        lambda d: d[:56] + b"\x06" + d[57:],  # more batches than are retained
+        lambda d: d[:56] + b"\x00" + d[57:],  # fewer batches than the entry holds
+        lambda d: d[:57] + d[89:121] + d[57:89] + d[121:],  # batches out of order
+        lambda d: d[:48] + struct.pack(">q", 3) + d[56:],  # a marker past the snapshot
+        lambda d: d[:36] + struct.pack(">q", 3) + d[44:],  # a transaction opened past it
     ],
 )
 def test_snapshot_that_passes_its_crc_but_makes_no_sense(
