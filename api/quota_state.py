@@ -240,11 +240,6 @@ class QuotaState:
         now = self.clock() if now_ms is None else now_ms
         return self.sensors.record(quota_type, res, value, now)
 
-    def owed_ms(self, quota_type: QuotaType, res: Resolution) -> int:
-        """How long the caller must wait before its request is served: what remains of the
-        throttle its recorded traffic earned (the delay its last answer announced)."""
-        return self.sensors.owed_ms(quota_type, res, self.clock())
-
     # -- controller mutations (KIP-599) ------------------------------------------------------
 
     def mutation_bucket(self, user: str, client: str) -> tuple[TokenBucket, float] | None:

@@ -623,7 +623,6 @@ class Meter:
     (:meth:`QuotaSensors.meter`): a byte quota (producer or consumer) and request time, either
     absent when no quota of that type applies, and the byte quota's ``RateLimit-Policy``."""
 
-    byte_type: QuotaType | None = None
     byte_limit: float = math.inf
     byte_res: Resolution | None = None
     byte_key: tuple[QuotaType, tuple[str, str]] = (QuotaType.PRODUCER_BYTE_RATE, ("", ""))
@@ -692,7 +691,7 @@ class QuotaSensors:
         request with a few additions."""
         m = Meter()
         if byte_type is not None and byte_res is not None:
-            m.byte_type, m.byte_res, m.byte_limit = byte_type, byte_res, byte_res.limit
+            m.byte_res, m.byte_limit = byte_res, byte_res.limit
             m.byte_cap_ms = self.config.throttle_cap_ms
             m.byte_key = (byte_type, byte_res.sensor_key)
             m.byte_sensor = self._fresh(byte_type, byte_res, now_ms)

@@ -98,15 +98,10 @@ def _collector_paused() -> Iterator[None]:
     frozen out of later collections (``gc.freeze``): the broker's partitions live as long as
     the process. Full collections walked the growing heap again and again, holding the GIL:
     creating 10,000 partitions took 7.7 s with event-loop stalls of 0.2-0.5 s, and 2.3 s with
-    none without them. Objects are still freed by reference counting.
-
-    Garbage that exists when the freeze comes would never be collected, so cyclic garbage is
-    collected first (cheap: only what was made since the last freeze is walked); without it,
-    every topic created at runtime would make the cycles then waiting immortal."""
+    none without them. Objects are still freed by reference counting."""
     if not gc.isenabled():  # paused already (nested, or by the caller)
         yield
         return
-    gc.collect()
     gc.disable()
     try:
         yield
@@ -262,10 +257,7 @@ class Partition:
                 )
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
-        if result.sync_required:
-            await self.sync(result.last_offset + 1)
-        self._advance_high_watermark()
-        return result
+        return await self._after_append(result)
 
     async def append_marker(
         self,
