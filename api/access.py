@@ -378,7 +378,7 @@ class Access:
         if credential is not None:
             return _forwarded(security, credential, principal, topics)
         # Only a broker may say on whose behalf it asks, or that it forwards a request (which
-        # the quota gate then does not measure again: api.quota_gate.forwarded).
+        # the quota gate then does not measure again: api.quota_gate.serve).
         if any(k in _BROKER_ONLY for k, _ in scope["headers"]):  # rare: copy only then
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k not in _BROKER_ONLY]
         query_token = None

@@ -3,16 +3,19 @@
 Theory of operation
 -------------------
 :class:`api.fastpath.FastPath` hands each request to :func:`serve` when a quota is configured
-(:attr:`api.quota_state.QuotaState.active`); it wraps the request's ``receive`` and ``send``,
-so the fast path, the FastAPI routes, forwarded admin calls and streams are all measured in one
-place, by what actually crossed the wire. Each broker measures what its own clients send and
+(:attr:`api.quota_state.QuotaState.active`); it wraps the request's ``send`` (and ``receive``
+where a body must be counted as it is read), so the fast path, the FastAPI routes, forwarded
+admin calls and streams are all measured in one place, by what actually crossed the wire. The
+common case (a caller under quota sending a produce or an admin read) takes a lean path,
+:func:`_metered`: every Python call and frame there was counted (``benchmarks.auth_callgrind``). Each broker measures what its own clients send and
 receive (Kafka: every broker enforces its share); a request another broker forwarded
 (``Logbus-Forwarded-By``) was measured where it came in and is not measured again.
 
 What is measured (Kafka's quota types):
 
-* ``producer_byte_rate``: request body bytes of a produce (``POST …/records``); on a WebSocket,
-  every message the client sends.
+* ``producer_byte_rate``: request body bytes of a produce (``POST …/records``): its
+  ``Content-Length`` (none when refused unread as too large, 413), or for a chunked body what
+  was read; on a WebSocket, every message the client sends.
 * ``consumer_byte_rate``: response body bytes of a fetch (``GET …/records``: partition fetches,
   long-polls, group polls, SSE streams); on a WebSocket, every message the broker sends.
 * ``request_percentage``: the time the request's own task ran on the event loop (its handler
@@ -48,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode
 
@@ -56,7 +59,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from auth_quotas.errors import ThrottlingQuotaExceededError
-from auth_quotas.quotas import QuotaType, Resolution, Throttle, max_value_in_window
+from auth_quotas.quotas import Meter, QuotaType, Resolution, Throttle, max_value_in_window
 from core_log.errors import LogbusError
 
 from .problems import PROBLEM_JSON, problem_bytes
@@ -73,16 +76,6 @@ _FORWARDED_BY: Final = b"logbus-forwarded-by"
 P = QuotaType.PRODUCER_BYTE_RATE
 C = QuotaType.CONSUMER_BYTE_RATE
 R = QuotaType.REQUEST_PERCENTAGE
-
-
-def forwarded(scope: Scope) -> bool:
-    """A request another broker passed on (measured where it came in)."""
-    return any(k == _FORWARDED_BY for k, _ in scope["headers"])
-
-
-def wants_sse(scope: Scope) -> bool:
-    accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
-    return b"text/event-stream" in accept.lower()
 
 
 class _TimedPy:
@@ -161,7 +154,7 @@ def _no_partitions(topic: str) -> int:
     return 0
 
 
-async def serve(
+def serve(
     quotas: QuotaState,
     scope: Scope,
     receive: Receive,
@@ -170,29 +163,70 @@ async def serve(
     *,
     partitions: Callable[[str], int] = _no_partitions,
     default_fetch_bytes: int = 1024 * 1024,
-) -> None:
-    """Serve one request or socket through ``app``, measured and throttled.
+) -> Awaitable[None]:
+    """Serve one request or socket through ``app``, measured and throttled: what to await.
     ``partitions``: a topic's partition count (0 unknown), for the permits of a deletion or
-    partition increase; ``default_fetch_bytes``: what a fetch without ``max_bytes`` reads."""
-    if forwarded(scope):
-        await app(scope, receive, send)
-        return
+    partition increase; ``default_fetch_bytes``: what a fetch without ``max_bytes`` reads.
+    Not a coroutine, nor is what it returns when nothing is measured: the gate adds no frame
+    to a request's stack, which every step of its handler would pass through."""
+    forwarded_by = sse = False
+    declared: int | None = None  # the body's declared size
+    for k, v in scope["headers"]:  # one pass for what the gate reads
+        if k == b"content-length":
+            declared = int(v) if v.isdigit() and len(v) < 20 else None
+        elif k == b"accept":
+            sse = sse or b"text/event-stream" in v.lower()
+        elif k == _FORWARDED_BY:
+            forwarded_by = True
+    if forwarded_by:  # measured where it came in
+        return app(scope, receive, send)
     is_ws = scope["type"] == "websocket"
     try:
-        client = client_id(scope, query_too=is_ws or wants_sse(scope))
+        client = client_id(scope, query_too=is_ws or sse)
     except LogbusError as e:
-        await _refuse(scope, send, e, {})
-        return
+        return _refuse(scope, send, e, {})
     user = quota_user(scope)
     if not quotas.active:
-        await app(scope, receive, send)
-        return
+        return app(scope, receive, send)
     if is_ws:
-        await _websocket(quotas, user, client, scope, receive, send, app)
-    else:
-        await _http(
-            quotas, user, client, scope, receive, send, app, partitions, default_fetch_bytes
-        )
+        return _websocket(quotas, user, client, scope, receive, send, app)
+    return _http(
+        quotas, user, client, declared, scope, receive, send, app, partitions, default_fetch_bytes
+    )
+
+
+def _http(
+    quotas: QuotaState,
+    user: str,
+    client: str,
+    declared: int | None,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    app: ASGIApp,
+    partitions: Callable[[str], int],
+    default_fetch_bytes: int,
+) -> Awaitable[None]:
+    """What serves an HTTP request: the app itself when no quota applies to the caller, the
+    lean :func:`_metered` for the common case (no mutation, no fetch, a declared body, not
+    throttled now), else :func:`_gated`. ``declared``: the body's declared size."""
+    kind = _kind(scope["method"], scope["path"])
+    if kind in ("produce", "other"):
+        byte_type = P if kind == "produce" else None
+        meter = quotas.meter(user, client, byte_type)
+        if meter is None:
+            return app(scope, receive, send)  # no quota applies: nothing to measure
+        if byte_type is None:
+            declared = 0
+        if declared is not None:
+            now = quotas.clock()
+            # Owes no wait (QuotaSensors.owed, inlined: this is every request's path).
+            byte, time_ = meter.byte_sensor, meter.time_sensor
+            if (byte is None or byte.due_ms <= now) and (time_ is None or time_.due_ms <= now):
+                return _metered(quotas, meter, scope, receive, send, app, declared, now)
+    return _gated(
+        quotas, user, client, kind, scope, receive, send, app, partitions, default_fetch_bytes
+    )
 
 
 async def _refuse(scope: Scope, send: Send, error: LogbusError, headers: dict[str, str]) -> None:
@@ -259,10 +293,11 @@ def _kind(method: str, path: str) -> str:
     return "other"
 
 
-async def _http(
+async def _gated(
     quotas: QuotaState,
     user: str,
     client: str,
+    kind: str,
     scope: Scope,
     receive: Receive,
     send: Send,
@@ -270,7 +305,8 @@ async def _http(
     partitions: Callable[[str], int],
     default_fetch_bytes: int,
 ) -> None:
-    kind = _kind(scope["method"], scope["path"])
+    """Any request, measured and throttled: waits out what the caller owes, counts a body
+    as it is read, paces a streamed answer, takes a mutation's permits."""
     mutation = kind in ("create", "delete", "add")
     if mutation:
         refused_ms = quotas.mutation_refused_ms(user, client)
@@ -355,6 +391,41 @@ async def _http(
     finally:
         if mutation and 200 <= status < 300:
             quotas.mutation_done(user, client, _permits(kind, before, b"".join(captured)))
+
+
+def _metered(
+    quotas: QuotaState,
+    meter: Meter,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    app: ASGIApp,
+    body_bytes: int,
+    now_ms: int,
+) -> Awaitable[None]:
+    """The common case, kept lean (it runs on every produce of a caller under quota): a
+    request that is no mutation and no fetch, whose body size is declared (``body_bytes``,
+    0 when it is not a produce), from a caller who owes no wait. Its answer is recorded at
+    ``now_ms`` (the clock read once: a handler runs well within a sample window) with
+    ``body_bytes`` (refused as too large: 0, it was never read) when it starts. Nothing but
+    that one message is touched, and no frame of the gate's stays on the request's stack."""
+    timed: _TimedPy | StepTimer | None = None
+    charge = quotas.sensors.charge
+
+    def gated_send(message: Message) -> Awaitable[None]:
+        # Not a coroutine: the app awaits ``send``'s own.
+        if message["type"] == "http.response.start":
+            value = 0 if message["status"] == 413 else body_bytes
+            headers = [*message.get("headers", ())]
+            charge(meter, value, 0 if timed is None else timed.so_far(), now_ms, headers)
+            message = {**message, "headers": headers}
+        return send(message)
+
+    handler = app(scope, receive, gated_send)
+    if meter.time_sensor is None:
+        return handler
+    timed = _Timed(handler)  # type: ignore[arg-type]  # the app's coroutine
+    return timed
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> bytes | None:

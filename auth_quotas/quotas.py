@@ -329,23 +329,37 @@ class SampledRate:
     Not thread-safe; the wiring owns one per sensor key on one event loop. ``now_ms`` must not
     go backwards by more than a window (a backwards step is treated as "now")."""
 
-    __slots__ = ("_config", "_current", "_fresh_until", "_oldest", "_others", "_samples")
+    __slots__ = (
+        "_config",
+        "_current",
+        "_samples",
+        "fresh_until",
+        "head",
+        "oldest",
+        "others",
+        "window_size_ms",
+    )
 
     def __init__(self, config: QuotaConfig = DEFAULT_CONFIG) -> None:
         self._config = config
+        self.window_size_ms = config.window_size_ms
         self._samples: list[_Sample] = []
         self._current = 0
+        self.head: _Sample | None = None  # the current sample (None before the first record)
         # What a full pass over the samples found, valid until a sample could expire or the
-        # current one rolls: the sum of the samples other than the current one, and the
-        # oldest start. Most requests then read the rate in O(1) (it runs on every request).
-        self._others = 0.0
-        self._oldest = 0
-        self._fresh_until: float = -math.inf
+        # current one rolls (``fresh_until``): the sum of the samples other than the current
+        # one, and the oldest start. Most requests then read the rate in O(1): see
+        # :meth:`observe`, whose fast path RateSensor.observe inlines (it runs on every
+        # request under quota).
+        self.others = 0.0
+        self.oldest = 0
+        self.fresh_until: float = -math.inf
 
     def record(self, value: float, now_ms: int) -> None:
         if not self._samples:
-            self._samples.append(_Sample(now_ms, now_ms))
-            self._fresh_until = -math.inf
+            self.head = _Sample(now_ms, now_ms)
+            self._samples.append(self.head)
+            self.fresh_until = -math.inf
         sample = self._samples[self._current]
         if now_ms - sample.start_ms >= self._config.window_size_ms:
             # one spare slot: the oldest sample may overlap the start of the window
@@ -357,7 +371,8 @@ class SampledRate:
                 sample = self._samples[self._current]
                 sample.start_ms = sample.last_ms = now_ms
                 sample.value = 0.0
-            self._fresh_until = -math.inf
+            self.head = sample
+            self.fresh_until = -math.inf
         sample.value += value
         sample.last_ms = now_ms
 
@@ -365,9 +380,9 @@ class SampledRate:
         """(sum of live samples, the span the rate divides by): the span is the time since
         the oldest live sample, at least one full window (see the module docstring for why
         not Kafka's ``window_num - 1``)."""
-        if now_ms < self._fresh_until:
+        if now_ms < self.fresh_until:
             current = self._samples[self._current].value
-            return self._others + current, max(now_ms - self._oldest, self._config.window_size_ms)
+            return self.others + current, max(now_ms - self.oldest, self._config.window_size_ms)
         expire_ms = self._config.window_num * self._config.window_size_ms
         total = 0.0
         oldest = now_ms
@@ -384,22 +399,21 @@ class SampledRate:
         if self._samples:
             # Until then no sample expires (the current one's last_ms only grows) and only
             # record() changes a sample (it invalidates this on a roll).
-            self._others = total - self._samples[self._current].value
-            self._oldest = oldest
-            self._fresh_until = first_expiry
+            self.others = total - self._samples[self._current].value
+            self.oldest = oldest
+            self.fresh_until = first_expiry
         return total, max(now_ms - oldest, self._config.window_size_ms)
 
     def observe(self, value: float, now_ms: int) -> tuple[float, int]:
         """:meth:`record` then :meth:`snapshot`, in one call (the per-request path: within
         the current sample and before any expiry, two additions)."""
-        if now_ms < self._fresh_until:
-            sample = self._samples[self._current]
-            if now_ms - sample.start_ms < self._config.window_size_ms:
-                sample.value += value
-                sample.last_ms = now_ms
-                window_ms = now_ms - self._oldest
-                size_ms = self._config.window_size_ms
-                return self._others + sample.value, window_ms if window_ms > size_ms else size_ms
+        head = self.head
+        size_ms = self.window_size_ms
+        if now_ms < self.fresh_until and head is not None and now_ms - head.start_ms < size_ms:
+            head.value += value
+            head.last_ms = now_ms
+            window_ms = now_ms - self.oldest
+            return self.others + head.value, window_ms if window_ms > size_ms else size_ms
         self.record(value, now_ms)
         return self.snapshot(now_ms)
 
@@ -437,6 +451,7 @@ class RateSensor:
     due_ms: int = field(init=False, default=0)
     limit: float = field(init=False, default=math.inf)  # the last limit, ``due_ms``'s
     throttled_ms: float = field(init=False, default=0.0)  # throttle time handed out, in all
+    used_ms: int = field(init=False, default=0)  # when last used (QuotaSensors' LRU)
 
     def __post_init__(self) -> None:
         self.rate = SampledRate(self.config)
@@ -451,11 +466,26 @@ class RateSensor:
     ) -> tuple[int, float, int]:
         """:meth:`record`, also returning the window's total and span for the caller's
         ``remaining`` (one pass over the samples per request)."""
-        total, window_ms = self.rate.observe(value, now_ms)
+        rate = self.rate
+        head = rate.head
+        size_ms = rate.window_size_ms
+        if now_ms < rate.fresh_until and head is not None and now_ms - head.start_ms < size_ms:
+            # SampledRate.observe's fast path, inlined: this runs twice on every request
+            # under quota, and a call is most of what it costs.
+            head.value += value
+            head.last_ms = now_ms
+            total = rate.others + head.value
+            window_ms = now_ms - rate.oldest
+            if window_ms < size_ms:
+                window_ms = size_ms
+        else:
+            total, window_ms = rate.observe(value, now_ms)
         if limit == math.inf:
             return 0, total, window_ms
-        cap = self.config.throttle_cap_ms if cap_ms is None else cap_ms
-        throttle = throttle_time_ms(total * 1000.0 / window_ms, limit, window_ms, cap)
+        throttle = 0
+        if total * 1000.0 > limit * window_ms:  # over quota (rarely: only then the formula)
+            cap = self.config.throttle_cap_ms if cap_ms is None else cap_ms
+            throttle = throttle_time_ms(total * 1000.0 / window_ms, limit, window_ms, cap)
         if limit != self.limit:  # a changed quota: what was earned under the old one goes
             self.due_ms, self.limit = 0, limit
         if throttle:
@@ -611,10 +641,14 @@ def _rate_limit_policy(quota_type: QuotaType, limit: float, config: QuotaConfig)
     return hit
 
 
+# How stale a sensor's place in the LRU may be (QuotaSensors.charge refreshes it at most this
+# often): idle expiry is an hour and eviction only needs "recent", not "this millisecond".
+LRU_REFRESH_MS: Final = 1000
 _THROTTLE_FIELD: Final = b"logbus-throttle-time-ms"
 _RETRY_AFTER_FIELD: Final = b"retry-after"
 _POLICY_FIELD: Final = b"ratelimit-policy"
 _RATE_LIMIT_FIELD: Final = b"ratelimit"
+_NOT_THROTTLED: Final = (_THROTTLE_FIELD, b"0")
 
 
 @dataclass(slots=True)
@@ -628,12 +662,17 @@ class Meter:
     byte_key: tuple[QuotaType, tuple[str, str]] = (QuotaType.PRODUCER_BYTE_RATE, ("", ""))
     byte_sensor: RateSensor | None = None
     byte_cap_ms: int = 0
-    policy: bytes | None = None
+    policy_field: tuple[bytes, bytes] | None = None  # ("ratelimit-policy", its value)
     policy_quota: int = 0
-    rate_limit_name: bytes = b""
+    rate_limit_prefix: bytes = b""  # the RateLimit field's value up to ``r``'s number
+    # The last unthrottled RateLimit field and its ``r``: a caller that has used less than
+    # a window's worth of its quota in the span gets the policy's whole quota every time.
+    last_left: int = -1
+    last_rate_limit: tuple[bytes, bytes] = (b"", b"")
     time_limit: float = math.inf
     time_key: tuple[QuotaType, tuple[str, str]] = (QuotaType.REQUEST_PERCENTAGE, ("", ""))
     time_sensor: RateSensor | None = None
+    time_cap_ms: int = 0
 
 
 class QuotaSensors:
@@ -641,7 +680,9 @@ class QuotaSensors:
 
     Bounded: past ``max_sensors`` the least recently used sensor is dropped, and sensors idle
     for ``idle_expiry_ms`` (Kafka: 1 h) are dropped as they reach the LRU head. Dropping a
-    sensor forgets that client's recent rate, which errs in the client's favour."""
+    sensor forgets that client's recent rate, which errs in the client's favour. On the
+    per-request path (:meth:`charge`) a sensor's place in the LRU is refreshed at most once
+    per :data:`LRU_REFRESH_MS`: recency is exact to that, and a request pays no reordering."""
 
     def __init__(
         self,
@@ -653,9 +694,7 @@ class QuotaSensors:
         self.config = config
         self._max = max_sensors
         self._idle_ms = idle_expiry_ms
-        self._sensors: OrderedDict[tuple[QuotaType, tuple[str, str]], tuple[RateSensor, int]] = (
-            OrderedDict()
-        )
+        self._sensors: OrderedDict[tuple[QuotaType, tuple[str, str]], RateSensor] = OrderedDict()
         self.evictions = 0  # sensors dropped so far: a Meter holding one is stale
 
     def __len__(self) -> int:
@@ -664,18 +703,17 @@ class QuotaSensors:
     def sensor(self, quota_type: QuotaType, key: tuple[str, str], now_ms: int) -> RateSensor:
         sensors = self._sensors
         k = (quota_type, key)
-        entry = sensors.get(k)
-        if entry is None:
-            sensor = RateSensor(self.config)
+        sensor = sensors.get(k)
+        if sensor is None:
+            sensor = sensors[k] = RateSensor(self.config)
         else:
-            sensor = entry[0]
             sensors.move_to_end(k)  # most recently used last
-        sensors[k] = (sensor, now_ms)
+        sensor.used_ms = now_ms
         while sensors:
-            (_, (_, last_ms)) = next(iter(self._sensors.items()))
-            if len(self._sensors) <= self._max and now_ms - last_ms < self._idle_ms:
+            oldest = next(iter(sensors.values()))
+            if len(sensors) <= self._max and now_ms - oldest.used_ms < self._idle_ms:
                 break
-            self._sensors.popitem(last=False)
+            sensors.popitem(last=False)
             self.evictions += 1
         return sensor
 
@@ -697,10 +735,11 @@ class QuotaSensors:
             m.byte_sensor = self._fresh(byte_type, byte_res, now_ms)
             if byte_type in _QUOTA_UNITS:
                 policy, m.policy_quota = _rate_limit_policy(byte_type, byte_res.limit, self.config)
-                m.policy = policy.encode()
-                m.rate_limit_name = f'"{byte_type.value}"'.encode()
+                m.policy_field = (_POLICY_FIELD, policy.encode())
+                m.rate_limit_prefix = f'"{byte_type.value}";r='.encode()
         if time_res is not None:
             m.time_limit = time_res.limit
+            m.time_cap_ms = self.config.window_size_ms  # request time: one window (Kafka)
             m.time_key = (QuotaType.REQUEST_PERCENTAGE, time_res.sensor_key)
             m.time_sensor = self._fresh(QuotaType.REQUEST_PERCENTAGE, time_res, now_ms)
         return m
@@ -714,51 +753,108 @@ class QuotaSensors:
         return sensor
 
     def charge(
-        self, meter: Meter, value: float, handler_ns: int, now_ms: int
+        self,
+        meter: Meter,
+        value: float,
+        handler_ns: int,
+        now_ms: int,
+        fields: list[tuple[bytes, bytes]] | None = None,
     ) -> list[tuple[bytes, bytes]]:
         """Record one request (``value`` bytes of the meter's byte quota, ``handler_ns`` of
         handler time) and return its response fields, as :meth:`Throttle.headers` renders
-        them for the largest throttle (the byte quota's ``RateLimit`` fields besides). The
-        per-request path: no objects but the fields themselves."""
-        worst = 0
-        rate_limit: tuple[bytes, int, int] | None = None
-        sensors = self._sensors
+        them for the largest throttle (the byte quota's ``RateLimit`` fields besides),
+        appended to ``fields`` when given (the answer's own). The
+        per-request path: no objects but the fields themselves, and no call but the sensors'
+        (it runs on every request under quota; each call or format here was measured)."""
+        # Each sensor's commonest case is RateSensor.observe inlined (a call is most of what
+        # it costs): within the current sample, the same limit, under quota (throttle 0).
+        # Anything else goes through observe (which records nothing more with value 0).
+        worst = byte_throttle = left_units = 0
+        policy = None
         sensor = meter.byte_sensor
         if sensor is not None:
-            throttle, total, window_ms = sensor.observe(
-                value, now_ms, meter.byte_limit, meter.byte_cap_ms
-            )
-            worst = throttle
-            sensors.move_to_end(meter.byte_key)
-            sensors[meter.byte_key] = (sensor, now_ms)
-            if meter.policy is not None:
-                left = meter.byte_limit * window_ms / 1000 - total
-                rate_limit = (
-                    meter.policy,
-                    min(meter.policy_quota, int(left) if left > 0 else 0),
-                    throttle,
+            rate = sensor.rate
+            head = rate.head
+            limit = meter.byte_limit
+            size_ms = rate.window_size_ms
+            if (
+                now_ms < rate.fresh_until
+                and head is not None
+                and now_ms - head.start_ms < size_ms
+                and limit == sensor.limit
+            ):
+                head.value += value
+                head.last_ms = now_ms
+                total = rate.others + head.value
+                window_ms = now_ms - rate.oldest
+                if window_ms < size_ms:
+                    window_ms = size_ms
+                if total * 1000.0 > limit * window_ms:
+                    byte_throttle, total, window_ms = sensor.observe(
+                        0, now_ms, limit, meter.byte_cap_ms
+                    )
+            else:
+                byte_throttle, total, window_ms = sensor.observe(
+                    value, now_ms, limit, meter.byte_cap_ms
                 )
+            worst = byte_throttle
+            if now_ms - sensor.used_ms >= LRU_REFRESH_MS:
+                self._sensors.move_to_end(meter.byte_key)
+                sensor.used_ms = now_ms
+            policy = meter.policy_field
+            if policy is not None:  # RateLimit's r: what is left of the policy's quota
+                left = limit * window_ms / 1000 - total
+                quota = meter.policy_quota
+                left_units = quota if left >= quota else 0 if left <= 0 else int(left)
         sensor = meter.time_sensor
         if sensor is not None:
-            throttle = sensor.observe(
-                handler_ns / 1e7, now_ms, meter.time_limit, self.config.window_size_ms
-            )[0]
-            if throttle > worst:
-                worst = throttle
-            sensors.move_to_end(meter.time_key)
-            sensors[meter.time_key] = (sensor, now_ms)
-        fields = [(_THROTTLE_FIELD, b"%d" % worst)]
+            rate = sensor.rate
+            head = rate.head
+            limit = meter.time_limit
+            size_ms = rate.window_size_ms
+            percent = handler_ns / 1e7  # request_time_percent
+            if (
+                now_ms < rate.fresh_until
+                and head is not None
+                and now_ms - head.start_ms < size_ms
+                and limit == sensor.limit
+            ):
+                head.value += percent
+                head.last_ms = now_ms
+                window_ms = now_ms - rate.oldest
+                if (rate.others + head.value) * 1000.0 > limit * (
+                    window_ms if window_ms > size_ms else size_ms
+                ):
+                    throttle = sensor.observe(0, now_ms, limit, meter.time_cap_ms)[0]
+                    if throttle > worst:
+                        worst = throttle
+            else:
+                throttle = sensor.observe(percent, now_ms, limit, meter.time_cap_ms)[0]
+                if throttle > worst:
+                    worst = throttle
+            if now_ms - sensor.used_ms >= LRU_REFRESH_MS:
+                self._sensors.move_to_end(meter.time_key)
+                sensor.used_ms = now_ms
+        if fields is None:
+            fields = []
         if worst:
+            fields.append((_THROTTLE_FIELD, b"%d" % worst))
             fields.append((_RETRY_AFTER_FIELD, b"%d" % -(-worst // 1000)))
-        if rate_limit is not None:
-            policy, left_units, throttle = rate_limit
-            fields.append((_POLICY_FIELD, policy))
-            fields.append(
-                (
+        else:
+            fields.append(_NOT_THROTTLED)
+        if policy is not None:
+            fields.append(policy)
+            if byte_throttle == 0 and left_units == meter.last_left:
+                fields.append(meter.last_rate_limit)  # a caller well under quota: the same
+            else:
+                t = -(-byte_throttle // 1000)
+                rate_limit = (
                     _RATE_LIMIT_FIELD,
-                    b"%s;r=%d;t=%d" % (meter.rate_limit_name, left_units, -(-throttle // 1000)),
+                    meter.rate_limit_prefix + b"%d;t=%d" % (left_units, t),
                 )
-            )
+                fields.append(rate_limit)
+                if byte_throttle == 0:
+                    meter.last_left, meter.last_rate_limit = left_units, rate_limit
         return fields
 
     def owed(self, meter: Meter, now_ms: int) -> int:
@@ -774,10 +870,9 @@ class QuotaSensors:
         """How much longer the throttle the caller's recorded traffic earned lasts (0: none):
         the wait of a request arriving now. O(1), unlike reading the rate; after a quota
         change, the rate is read again against the new limit."""
-        entry = self._sensors.get((quota_type, resolution.sensor_key))
-        if entry is None:
+        sensor = self._sensors.get((quota_type, resolution.sensor_key))
+        if sensor is None:
             return 0
-        sensor = entry[0]
         if resolution.limit != sensor.limit:
             return self.observe(quota_type, resolution, 0, now_ms)[0]
         owed = sensor.due_ms - now_ms
@@ -813,7 +908,7 @@ class QuotaSensors:
         """The ``limit`` most recently used sensors, newest first (``/metrics`` shows these,
         so its label cardinality is bounded whatever the sensor cap)."""
         out: list[tuple[tuple[QuotaType, tuple[str, str]], RateSensor]] = []
-        for k, (s, _) in reversed(self._sensors.items()):
+        for k, s in reversed(self._sensors.items()):
             if len(out) >= limit:
                 break
             out.append((k, s))
@@ -821,4 +916,4 @@ class QuotaSensors:
 
     def rates(self, now_ms: int) -> dict[tuple[QuotaType, tuple[str, str]], float]:
         """The current rate of every sensor (for ``/metrics``)."""
-        return {k: s.measure(now_ms) for k, (s, _) in self._sensors.items()}
+        return {k: s.measure(now_ms) for k, s in self._sensors.items()}

@@ -234,6 +234,45 @@ async def test_throttle_fields_are_well_formed_and_delay_is_bounded(tmp_path: Pa
 
 
 @synchronous
+async def test_a_produce_is_charged_the_body_it_sent(tmp_path: Path) -> None:
+    """Declared (Content-Length): that many bytes; chunked: what was read; refused as too
+    large (413, never read): nothing. A request-time quota alone measures no bytes."""
+    async with app_client(tmp_path / "d", max_request_bytes=10_000, **FAST) as (c, state):
+        await c.post("/v1/topics", json={"name": "t", "partitions": 1})
+        await c.put("/v1/quotas", json={"entity": {"client_id": "p"}, "quotas": {P: 1e9}})
+
+        def charged() -> float:
+            now = state.quotas.clock()
+            return sum(
+                sensor.rate.total(now)
+                for (quota_type, _), sensor in state.quotas.sensors.recent(100)
+                if quota_type is QuotaType.PRODUCER_BYTE_RATE
+            )
+
+        headers = {"Logbus-Client-Id": "p", "Content-Type": "application/json"}
+        body = b'{"records": [{"value": "' + b"x" * 100 + b'"}]}'
+        r = await c.post("/v1/topics/t/records", content=body, headers=headers)
+        assert r.status_code == 200 and r.headers["logbus-throttle-time-ms"] == "0"
+        assert charged() == len(body)
+
+        async def chunks() -> Any:
+            yield body[:50]
+            yield body[50:]
+
+        r = await c.post("/v1/topics/t/records", content=chunks(), headers=headers)
+        assert r.request.headers.get("transfer-encoding") == "chunked"
+        assert r.status_code == 200 and charged() == 2 * len(body)
+        big = b'{"records": [{"value": "' + b"x" * 10_000 + b'"}]}'
+        r = await c.post("/v1/topics/t/records", content=big, headers=headers)
+        assert r.status_code == 413 and r.headers["logbus-throttle-time-ms"] == "0"
+        assert charged() == 2 * len(body)
+        exact = b'{"records": [{"value": "' + b"y" * (10_000 - len(body) + 100) + b'"}]}'
+        assert len(exact) == 10_000  # at the limit: accepted, and charged
+        r = await c.post("/v1/topics/t/records", content=exact, headers=headers)
+        assert r.status_code == 200 and charged() == 2 * len(body) + 10_000
+
+
+@synchronous
 async def test_a_change_in_the_store_applies_without_restart(tmp_path: Path) -> None:
     """As another broker or the CLI would: write the store; this broker's watcher picks it up."""
     async with app_client(tmp_path / "d", **FAST) as (c, state):
