@@ -7,8 +7,9 @@ Theory of operation
 where a body must be counted as it is read), so the fast path, the FastAPI routes, forwarded
 admin calls and streams are all measured in one place, by what actually crossed the wire. The
 common case (a caller under quota sending a produce or an admin read) takes a lean path,
-:func:`_metered`: every Python call and frame there was counted (``benchmarks.auth_callgrind``). Each broker measures what its own clients send and
-receive (Kafka: every broker enforces its share); a request another broker forwarded
+:func:`_metered`: every Python call and frame there was counted
+(``benchmarks.auth_callgrind``). Each broker measures what its own clients send and receive
+(Kafka: every broker enforces its share); a request another broker forwarded
 (``Logbus-Forwarded-By``) was measured where it came in and is not measured again.
 
 What is measured (Kafka's quota types):
