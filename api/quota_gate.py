@@ -224,7 +224,7 @@ def _http(
             # Owes no wait (QuotaSensors.owed, inlined: this is every request's path).
             byte, time_ = meter.byte_sensor, meter.time_sensor
             if (byte is None or byte.due_ms <= now) and (time_ is None or time_.due_ms <= now):
-                return _metered(quotas, meter, scope, receive, send, app, declared, now)
+                return _metered(quotas, meter, scope, receive, send, app, declared)
     return _gated(
         quotas, user, client, kind, scope, receive, send, app, partitions, default_fetch_bytes
     )
@@ -402,23 +402,23 @@ def _metered(
     send: Send,
     app: ASGIApp,
     body_bytes: int,
-    now_ms: int,
 ) -> Awaitable[None]:
     """The common case, kept lean (it runs on every produce of a caller under quota): a
     request that is no mutation and no fetch, whose body size is declared (``body_bytes``,
-    0 when it is not a produce), from a caller who owes no wait. Its answer is recorded at
-    ``now_ms`` (the clock read once: a handler runs well within a sample window) with
-    ``body_bytes`` (refused as too large: 0, it was never read) when it starts. Nothing but
-    that one message is touched, and no frame of the gate's stays on the request's stack."""
+    0 when it is not a produce), from a caller who owes no wait. Its answer is recorded with
+    ``body_bytes`` (refused as too large: 0, it was never read) when it starts, at the time it
+    starts (an ``acks=all`` produce may wait many sample windows). Nothing but that one
+    message is touched, and no frame of the gate's stays on the request's stack."""
     timed: _TimedPy | StepTimer | None = None
     charge = quotas.sensors.charge
+    clock = quotas.clock
 
     def gated_send(message: Message) -> Awaitable[None]:
         # Not a coroutine: the app awaits ``send``'s own.
         if message["type"] == "http.response.start":
             value = 0 if message["status"] == 413 else body_bytes
             headers = [*message.get("headers", ())]
-            charge(meter, value, 0 if timed is None else timed.so_far(), now_ms, headers)
+            charge(meter, value, 0 if timed is None else timed.so_far(), clock(), headers)
             message = {**message, "headers": headers}
         return send(message)
 

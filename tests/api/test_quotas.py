@@ -409,3 +409,47 @@ def test_meters_follow_the_table_and_the_sensors() -> None:
     assert again is not None and again is not first
     quotas.charge(again, 1, 0)
     assert next(e.client_id for e in quotas.stats()) == "c"  # measured in the live sensor
+
+
+def test_an_answer_is_recorded_when_it_starts_not_when_the_request_came() -> None:
+    """An acks=all produce may wait many sample windows: its bytes count at the time of its
+    answer, so a later window holds them and the rate is not read backwards in time."""
+    from api import quota_gate
+
+    now = [1_000]
+    quotas = QuotaState(QuotaConfig(), clock=lambda: now[0])
+    quotas.apply([QuotaRow(None, "c", P, 100.0)])
+    body = b"x" * 50
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        now[0] += 30_000  # the wait for the replicas
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/topics/t/records",
+        "query_string": b"",
+        "headers": [(b"content-length", b"50"), (b"logbus-client-id", b"c")],
+    }
+    asyncio.run(quota_gate.serve(quotas, scope, receive, send, app))  # type: ignore[arg-type]
+    fields = dict(sent[0]["headers"])
+    assert fields[b"logbus-throttle-time-ms"] == b"0"
+    ((key, sensor),) = quotas.sensors.recent(1)
+    assert key == (QuotaType.PRODUCER_BYTE_RATE, ("", "c"))
+    assert sensor.rate.head is not None and sensor.rate.head.last_ms == 31_000
+    assert sensor.rate.total(31_000) == 50
+    # Recorded at the answer's time: 10 s later the 50 bytes are still in the window (the
+    # 11 windows of 1 s); had they been recorded when the request came, they would have
+    # expired at 12 s, before the answer was even sent.
+    assert sensor.rate.total(41_000) == 50
+    assert sensor.rate.total(42_000) == 0
