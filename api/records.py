@@ -21,7 +21,7 @@ import hashlib
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -38,7 +38,8 @@ from core_log.batch import (
     with_producer,
 )
 from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
-from core_log.log import AppendResult
+from core_log.isolation import committed_bytes
+from core_log.log import AppendResult, CommittedReadResult, ReadResult
 from core_log.recordjson import read_on_from
 
 from .params import is_uint, parse_uint
@@ -562,7 +563,7 @@ async def fetch(
     )
     min_bytes = int_param(query, "min_bytes", 1, 0, settings.max_fetch_bytes)
     wait_ms = int_param(query, "wait_ms", 0, 0, settings.max_wait_ms)
-    check_isolation(query)
+    committed = isolation_of(query) == READ_COMMITTED
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     # JSON answers stop at max_records: read a little first and more only if needed, so a
@@ -570,62 +571,91 @@ async def fetch(
     step = max_bytes if kind == BATCH else min(max_bytes, FIRST_JSON_READ_BYTES)
     while True:
         p = broker.reader(topic, partition)  # again after a wait: it may have been deleted
-        result = await p.read(offset, step)
+        read = p.read_committed if committed else p.read
+        result = await read(offset, step)
         while (
             step < max_bytes
             and result.next_offset - offset < max_records
-            and (result.next_offset < result.high_watermark)
+            and result.next_offset < visible_end(result)
         ):
             step = min(max_bytes, step * 4)
-            result = await p.read(offset, step)
+            result = await read(offset, step)
+        end = read_end(offset, result)  # past every batch read, aborted ones included
+        data = result.data
+        if isinstance(result, CommittedReadResult):
+            data = committed_bytes(result.data, result.aborted_transactions)
+            if not data and end > offset:  # only aborted data and markers: read on past them
+                offset = end
+                continue
         remaining = deadline - loop.time()
-        if len(result.data) >= min_bytes or remaining <= 0 or p.released:
+        if len(data) >= min_bytes or remaining <= 0 or p.released:
             break
+        # Until the high watermark moves (the last stable offset only moves with it).
         await p.wait_for(max(offset, result.high_watermark), remaining)
     hw = result.high_watermark
     if kind == BATCH:
-        next_offset = result.next_offset if result.data else offset
-        count = sum(h.record_count for _, h in scan_batches(result.data))
+        next_offset = end
+        count = sum(h.record_count for _, h in scan_batches(data))
         headers = _position_headers(next_offset, hw, result)
-        return Reply(200, result.data, BATCH, headers, count, len(result.data))
+        return Reply(200, data, BATCH, headers, count, len(result.data))
     sep = b"\n" if kind == NDJSON else b","
-    rendered = encode_json_within(result.data, offset, max_records, max_bytes, sep=sep)
+    rendered = encode_json_within(data, offset, max_records, max_bytes, sep=sep)
     body, count, last = rendered.body, rendered.count, rendered.last_offset
     if rendered.full:  # max_bytes of rendered records: go on after the last one sent
         next_offset = rendered.next_offset(offset)
     else:  # never past an unreadable record not yet named (the next read names it)
-        end = read_on_from(read_end(offset, result), rendered.stop)
-        next_offset = next_offset_after(offset, count, last, max_records, end)
+        next_offset = next_offset_after(
+            offset, count, last, max_records, read_on_from(end, rendered.stop)
+        )
     headers = _position_headers(next_offset, hw, result)
     if kind == NDJSON:
         body = body + b"\n" if count else body
         return Reply(200, body, NDJSON, headers, count, len(result.data))
-    tail = orjson.dumps(
-        {
-            "next_offset": next_offset,
-            "high_watermark": hw,
-            "log_start_offset": result.log_start_offset,
-            "lag": max(0, hw - next_offset),
-        }
-    )
+    position: dict[str, int] = {
+        "next_offset": next_offset,
+        "high_watermark": hw,
+        "log_start_offset": result.log_start_offset,
+        "lag": max(0, visible_end(result) - next_offset),
+    }
+    if isinstance(result, CommittedReadResult):
+        position["last_stable_offset"] = result.last_stable_offset
+    tail = orjson.dumps(position)
     doc = b'{"records":[' + body + b"]," + tail[1:]
     return Reply(200, doc, JSON, headers, count, len(result.data))
 
 
-READ_UNCOMMITTED = "read_uncommitted"
+READ_UNCOMMITTED: Final = "read_uncommitted"
+READ_COMMITTED: Final = "read_committed"
+
+
+def isolation_of(query: Mapping[str, str]) -> str:
+    """A partition fetch's ``isolation`` (Kafka's ``isolation.level``): ``read_uncommitted``
+    (the default, as in Kafka) or ``read_committed`` (committed data only, never at or past
+    the last stable offset)."""
+    isolation = query.get("isolation", READ_UNCOMMITTED)
+    if isolation not in (READ_UNCOMMITTED, READ_COMMITTED):
+        raise bad_request("isolation must be read_uncommitted (the default) or read_committed")
+    return isolation
 
 
 def check_isolation(query: Mapping[str, str]) -> None:
-    """Only ``isolation=read_uncommitted`` (the default): without transactions there is nothing
-    to wait for, and answering ``read_committed`` the same would be a silent promise."""
-    isolation = query.get("isolation", READ_UNCOMMITTED)
-    if isolation == "read_committed":
+    """Streams and group polls: only ``read_uncommitted`` so far (``read_committed`` is served
+    by partition fetches; answering it here the same as uncommitted would be a silent
+    promise)."""
+    if isolation_of(query) == READ_COMMITTED:
         raise bad_request(
-            "isolation=read_committed is not supported yet: transactions do not exist, so every "
-            "acknowledged record is visible at once; omit isolation or send read_uncommitted"
+            "isolation=read_committed is served by partition fetches (GET "
+            "/v1/topics/{topic}/partitions/{partition}/records) only so far; omit isolation or "
+            "send read_uncommitted here"
         )
-    if isolation != READ_UNCOMMITTED:
-        raise bad_request("isolation must be read_uncommitted (read_committed: not yet)")
+
+
+def visible_end(result: ReadResult) -> int:
+    """Where a reader's view of the partition ends: the high watermark, or at
+    ``read_committed`` the last stable offset."""
+    if isinstance(result, CommittedReadResult):
+        return result.last_stable_offset
+    return result.high_watermark
 
 
 def read_end(start: int, result: Any) -> int:
@@ -646,9 +676,12 @@ def next_offset_after(start: int, count: int, last: int, limit: int, end: int) -
 
 
 def _position_headers(next_offset: int, hw: int, result: Any) -> dict[str, str]:
-    return {
+    headers = {
         "Logbus-Next-Offset": str(next_offset),
         "Logbus-High-Watermark": str(hw),
         "Logbus-Log-Start-Offset": str(result.log_start_offset),
-        "Logbus-Lag": str(max(0, hw - next_offset)),
+        "Logbus-Lag": str(max(0, visible_end(result) - next_offset)),
     }
+    if isinstance(result, CommittedReadResult):
+        headers["Logbus-Last-Stable-Offset"] = str(result.last_stable_offset)
+    return headers

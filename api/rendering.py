@@ -25,7 +25,13 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from core_log.batch import ATTRIBUTES_OFFSET, COMPRESSION_MASK, HEADER_BYTES, LOG_OVERHEAD
+from core_log.batch import (
+    ATTRIBUTES_OFFSET,
+    COMPRESSION_MASK,
+    CONTROL_MASK,
+    HEADER_BYTES,
+    LOG_OVERHEAD,
+)
 from core_log.errors import UnreadableRecordError
 from core_log.recordjson import encode_json, encode_json_upto
 
@@ -111,7 +117,9 @@ def encode_json_within(
 
 def _pieces(view: memoryview) -> Iterator[memoryview]:
     """The whole batches of ``view``: each compressed one alone, uncompressed ones in runs of
-    at most ``RUN_BYTES`` (or one larger batch). A trailing partial batch is left out."""
+    at most ``RUN_BYTES`` (or one larger batch). A trailing partial batch is left out, and so
+    are control batches (COMMIT/ABORT markers: Kafka's consumers skip them at either
+    isolation level; their offsets are passed over like a compaction gap)."""
     pos = run = 0
     end = len(view)
     while end - pos >= HEADER_BYTES:
@@ -120,6 +128,12 @@ def _pieces(view: memoryview) -> Iterator[memoryview]:
         if length < _MIN_BATCH_LENGTH or pos + size > end:
             break
         (attributes,) = _ATTRIBUTES.unpack_from(view, pos + ATTRIBUTES_OFFSET)
+        if attributes & CONTROL_MASK:  # a transaction marker: no reader is served its record
+            if run < pos:
+                yield view[run:pos]
+            pos += size
+            run = pos
+            continue
         if attributes & COMPRESSION_MASK:
             if run < pos:
                 yield view[run:pos]

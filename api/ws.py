@@ -45,7 +45,7 @@ from core_log.errors import (
     UnknownTopicOrPartitionError,
     UnreadableRecordError,
 )
-from core_log.recordjson import encode_json_upto, read_on_from
+from core_log.recordjson import read_on_from
 
 from . import records
 from . import ws_protocol as proto
@@ -75,6 +75,9 @@ MAX_RECORDS_PER_FRAME = 10_000
 # max_bytes (a 1 MiB read of well-compressed batches can hold gigabytes of records).
 FRAME_JSON_BYTES = 1024 * 1024
 KEEPALIVE_S = 15.0
+
+# Bytes of rendered records a re-render may produce (bounded by the records it takes).
+MAX_RENDER_BYTES = 1 << 62
 
 
 class Close(Exception):
@@ -543,8 +546,9 @@ class Session:
                 await self._stalled(tp, 1, len(frame))
                 return 0
             limit = count // 2  # fewer records than were read: stop right after them
-            body, count, last, stop = encode_json_upto(result.data, pos, limit)
-            end = read_on_from(result.next_offset, stop)
+            again = encode_json_within(result.data, pos, limit, MAX_RENDER_BYTES)
+            body, count, last = again.body, again.count, again.last_offset
+            end = read_on_from(result.next_offset, again.stop)
         self.credit.use(count, len(frame))
         self._advance(tp, next_offset)
         await self.ws.send_text(frame.decode())

@@ -37,7 +37,8 @@ from contextvars import ContextVar
 from typing import Any, Protocol
 
 from core_log.errors import ErrorCode, LogbusError, OffsetOutOfRangeError
-from core_log.log import AppendResult, ReadResult
+from core_log.log import AppendResult, CommittedReadResult, ReadResult
+from core_log.txn_index import AbortedTxn
 
 from . import replica_wire as wire
 from .h2transport import H2Request, H2Response, H2TransportError
@@ -84,6 +85,10 @@ class PartitionReader(Protocol):
     async def read(
         self, offset: int, max_bytes: int, *, max_offset: int | None = None
     ) -> ReadResult: ...
+
+    async def read_committed(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+    ) -> CommittedReadResult: ...
 
     async def wait_for(self, offset: int, timeout_s: float) -> bool: ...
 
@@ -198,13 +203,16 @@ class PartitionService:
         if max_bytes <= 0:
             return {"state": state}, b""
         max_offset = header.get("max_offset")
-        result = await part.read(
+        read = part.read_committed if header.get("isolation") == "read_committed" else part.read
+        result = await read(
             int(header["offset"]),
             max_bytes,
             max_offset=None if max_offset is None else min(int(max_offset), part.high_watermark),
         )
         fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
         fields.pop("data")
+        if "aborted_transactions" in fields:  # NamedTuples, which orjson does not encode
+            fields["aborted_transactions"] = [list(a) for a in fields["aborted_transactions"]]
         return {"state": state, "read": fields}, result.data
 
     async def _offset_for_timestamp(
@@ -345,6 +353,25 @@ class RemotePartition:
         self._keep(answer["state"])
         return ReadResult(data=bytes(data), **answer["read"])
 
+    async def read_committed(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+    ) -> CommittedReadResult:
+        """:meth:`read` at ``read_committed``, done by the leader (it alone knows the last
+        stable offset for certain), with the aborted transactions of the data."""
+        header = {
+            "offset": offset,
+            "max_bytes": max_bytes,
+            "max_offset": max_offset,
+            "isolation": "read_committed",
+        }
+        answer, data = await self.forwarder.call(self.topic, self.partition, READ_PATH, header)
+        self._keep(answer["state"])
+        fields = dict(answer["read"])
+        aborted = tuple(
+            AbortedTxn(*(int(v) for v in row)) for row in fields.pop("aborted_transactions")
+        )
+        return CommittedReadResult(data=bytes(data), aborted_transactions=aborted, **fields)
+
     async def wait_for(self, offset: int, timeout_s: float) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -406,6 +433,12 @@ class FollowerPartition:
             # The leader's high watermark, when known, is the truth a reader should see.
             return dataclasses.replace(result, high_watermark=self.high_watermark)
         return await self.remote.read(offset, max_bytes, max_offset=max_offset)
+
+    async def read_committed(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+    ) -> CommittedReadResult:
+        # From the leader: the local replica's last stable offset may trail the leader's.
+        return await self.remote.read_committed(offset, max_bytes, max_offset=max_offset)
 
     async def wait_for(self, offset: int, timeout_s: float) -> bool:
         if self.high_watermark > offset:

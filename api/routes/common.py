@@ -43,9 +43,16 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
-# Checked by api.records.check_isolation (one message on the fast path and here).
+# Checked by api.records.isolation_of / check_isolation (one message on the fast path and here).
 ISOLATION_QUERY = Query(
-    description="only read_uncommitted (the default): transactions do not exist yet, so "
-    "read_committed is rejected with 400 rather than silently served uncommitted",
+    description="read_uncommitted (the default, as in Kafka): everything below the high "
+    "watermark; read_committed: committed data only, below the last stable offset (aborted "
+    "transactions and markers are passed over; Logbus-Last-Stable-Offset says where it is). "
+    "A Server-Sent Events stream (Accept: text/event-stream) takes read_uncommitted only so far",
+    json_schema_extra={"enum": ["read_uncommitted", "read_committed"]},
+)
+STREAM_ISOLATION_QUERY = Query(
+    description="only read_uncommitted (the default) so far: read_committed is served by "
+    "partition fetches, and refused here with 400 rather than silently served uncommitted",
     json_schema_extra={"enum": ["read_uncommitted"]},
 )

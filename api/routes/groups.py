@@ -35,7 +35,7 @@ from ..proxy import FORWARDED_BY
 from ..records import JSON, NDJSON, check_isolation, negotiate
 from ..state import CoordinatorDep, StateDep
 from ..stream_guard import guarded
-from .common import ISOLATION_QUERY, errors
+from .common import STREAM_ISOLATION_QUERY, errors
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"])
 
@@ -141,7 +141,7 @@ async def poll(
     wait_ms: Annotated[
         int | None, Query(ge=0, le=OFFSET_MAX, description="long-poll up to this long"), Digits
     ] = None,
-    isolation: Annotated[str | None, ISOLATION_QUERY] = None,
+    isolation: Annotated[str | None, STREAM_ISOLATION_QUERY] = None,
     accept: Annotated[str | None, Header()] = None,
 ) -> Response:
     kind = negotiate(accept, [JSON, NDJSON, streams.SSE])

@@ -1,8 +1,11 @@
-"""Transactions do not exist yet, and the broker says so instead of pretending.
+"""Transactions over HTTP are being built (issue 13), and the broker says what it does not do
+yet instead of pretending.
 
 A transactional (or control) batch is refused at produce — its records would otherwise be
-visible at once, before any commit — and ``isolation=read_committed`` is refused on every read
-path (fetch, SSE, member poll, WebSocket) rather than served as read_uncommitted.
+visible at once, before any commit, and no coordinator exists yet to decide them.
+``isolation=read_committed`` is served by partition fetches (tests/api/test_read_committed.py)
+and refused on the read paths that do not serve it yet (SSE, member poll, WebSocket) rather
+than served as read_uncommitted.
 """
 
 from __future__ import annotations
@@ -86,15 +89,29 @@ def test_transactional_and_control_batches_are_rejected_at_produce(
     assert ok.status_code == 200, ok.text
 
 
-def test_fetch_and_sse_refuse_read_committed(http: httpx.Client) -> None:
+def test_fetch_serves_read_committed_and_sse_refuses_it(http: httpx.Client) -> None:
     topic = create_topic(http, "txn-fetch")
     url = f"/v1/topics/{topic}/partitions/0/records"
-    for accept in ["application/json", "application/x-ndjson", BATCH, "text/event-stream"]:
+    ok = http.post(url, content=kafka_batch([b"ok"]), headers={"content-type": BATCH})
+    assert ok.status_code == 200, ok.text
+    for accept in ["application/json", "application/x-ndjson", BATCH]:
         r = http.get(
             url, params={"offset": 0, "isolation": "read_committed"}, headers={"accept": accept}
         )
-        body = assert_problem(r, 400, "INVALID_REQUEST")
-        assert "read_committed is not supported yet" in body["detail"], (accept, body)
+        assert r.status_code == 200, (accept, r.text)
+        # no transaction: the last stable offset is the high watermark
+        assert r.headers["Logbus-Last-Stable-Offset"] == r.headers["Logbus-High-Watermark"] == "1"
+        assert r.headers["Logbus-Next-Offset"] == "1", accept
+    r = http.get(
+        url,
+        params={"offset": 0, "isolation": "read_committed"},
+        headers={"accept": "text/event-stream"},
+    )
+    body = assert_problem(r, 400, "INVALID_REQUEST")
+    assert "served by partition fetches" in body["detail"], body
+    for bad in ["READ_COMMITTED", "serializable", ""]:
+        r = http.get(url, params={"offset": 0, "isolation": bad})
+        assert_problem(r, 400, "INVALID_REQUEST")
     r = http.get(url, params={"offset": 0, "isolation": "read_uncommitted"})
     assert r.status_code == 200, r.text
 
@@ -111,7 +128,7 @@ def test_member_poll_refuses_read_committed(http: httpx.Client) -> None:
     for accept in ["application/json", "application/x-ndjson", "text/event-stream"]:
         r = http.get(url, params={"isolation": "read_committed"}, headers={"accept": accept})
         body = assert_problem(r, 400, "INVALID_REQUEST")
-        assert "read_committed is not supported yet" in body["detail"], (accept, body)
+        assert "served by partition fetches" in body["detail"], (accept, body)
     r = http.get(url, params={"isolation": "read_uncommitted"})
     assert r.status_code == 200, r.text
 
