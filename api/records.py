@@ -639,12 +639,12 @@ def isolation_of(query: Mapping[str, str]) -> str:
 
 
 def check_isolation(query: Mapping[str, str]) -> None:
-    """Streams and group polls: only ``read_uncommitted`` so far (``read_committed`` is served
-    by partition fetches; answering it here the same as uncommitted would be a silent
+    """Group polls: only ``read_uncommitted`` so far (``read_committed`` is served by
+    partition fetches and streams; answering it here the same as uncommitted would be a silent
     promise)."""
     if isolation_of(query) == READ_COMMITTED:
         raise bad_request(
-            "isolation=read_committed is served by partition fetches (GET "
+            "isolation=read_committed is served by partition fetches and streams (GET "
             "/v1/topics/{topic}/partitions/{partition}/records) only so far; omit isolation or "
             "send read_uncommitted here"
         )

@@ -31,6 +31,7 @@ from cluster.broker import Broker, check_readable
 from cluster.coordinator import Coordinator, Fetched
 from cluster.group import Reconciled
 from core_log.errors import LogbusError, OffsetOutOfRangeError, UnreadableRecordError
+from core_log.isolation import committed_bytes
 from core_log.recordjson import read_on_from
 
 from .budgets import ByteBudget
@@ -268,11 +269,13 @@ async def partition_sse(
     max_records: int,
     budget: ByteBudget,
     max_bytes: int = SSE_CHUNK_BYTES,
+    *,
+    committed: bool = False,
 ) -> AsyncIterator[bytes]:
     """Records of one partition from ``offset``, forever (until the partition goes away).
     An unknown partition (404) or an offset outside the log (416) raise before the first
     yield, so they are answered as errors — an EventSource stops on those, where it would
-    reconnect to a stream that merely ended."""
+    reconnect to a stream that merely ended. ``committed``: at ``read_committed``."""
     check_readable(topic)
     p = await broker.synced_reader(topic, partition)
     if not p.log_start_offset <= offset <= p.high_watermark:
@@ -285,7 +288,9 @@ async def partition_sse(
     await budget.wait_reserve(held)
     reserved = True
     try:
-        step: tuple[bytes, int] | None = await _sse_step(p, offset, max_records, max_bytes)
+        step: tuple[bytes, int, int] | None = await _sse_step(
+            p, offset, max_records, max_bytes, committed
+        )
         yield b"retry: %d\n\n" % SSE_RETRY_MS
         while True:
             if step is None:
@@ -295,11 +300,11 @@ async def partition_sse(
                     p = broker.reader(topic, partition)
                     if p.released:
                         return
-                    step = await _sse_step(p, offset, max_records, max_bytes)
+                    step = await _sse_step(p, offset, max_records, max_bytes, committed)
                 except LogbusError as e:  # an unreadable record too: the reconnect then stops
                     yield sse_event("error", problem_body(e))
                     return
-            events, next_offset = step
+            events, next_offset, hw = step
             step = None
             if events:
                 yield events
@@ -309,26 +314,34 @@ async def partition_sse(
                 offset = next_offset
                 continue
             if next_offset > offset:
-                offset = next_offset  # a compacted gap
+                offset = next_offset  # a compacted gap, aborted data, markers
                 continue
-            if not await p.wait_for(offset, KEEPALIVE_S):
+            # Until the high watermark passes what the read saw (at read_committed the last
+            # stable offset moves only with it; past ``offset`` alone it may already be).
+            if not await p.wait_for(max(offset, hw) if committed else offset, KEEPALIVE_S):
                 yield b": keepalive\n\n"
     finally:
         if reserved:
             budget.release(held)
 
 
-async def _sse_step(p: Any, offset: int, max_records: int, max_bytes: int) -> tuple[bytes, int]:
+async def _sse_step(
+    p: Any, offset: int, max_records: int, max_bytes: int, committed: bool
+) -> tuple[bytes, int, int]:
     """Events of the records from ``offset`` (b"" if none), at most ``max_bytes`` of rendered
-    records but at least one, and where the stream goes on."""
-    result = await p.read(offset, SSE_READ_BYTES)
-    r = encode_json_within(result.data, offset, max_records, max_bytes, sep=b"\n")
+    records but at least one, where the stream goes on, and the high watermark read."""
+    if committed:
+        result = await p.read_committed(offset, SSE_READ_BYTES)
+        data = committed_bytes(result.data, result.aborted_transactions)
+    else:
+        result = await p.read(offset, SSE_READ_BYTES)
+        data = result.data
+    r = encode_json_within(data, offset, max_records, max_bytes, sep=b"\n")
     if r.full:
-        return sse_events(r.body, r.count), r.next_offset(offset)
+        return sse_events(r.body, r.count), r.next_offset(offset), result.high_watermark
     end = read_on_from(int(result.next_offset) if result.data else offset, r.stop)
-    return sse_events(r.body, r.count), next_offset_after(
-        offset, r.count, r.last_offset, max_records, end
-    )
+    next_offset = next_offset_after(offset, r.count, r.last_offset, max_records, end)
+    return sse_events(r.body, r.count), next_offset, result.high_watermark
 
 
 async def member_sse(

@@ -47,12 +47,13 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 ISOLATION_QUERY = Query(
     description="read_uncommitted (the default, as in Kafka): everything below the high "
     "watermark; read_committed: committed data only, below the last stable offset (aborted "
-    "transactions and markers are passed over; Logbus-Last-Stable-Offset says where it is). "
-    "A Server-Sent Events stream (Accept: text/event-stream) takes read_uncommitted only so far",
+    "transactions and markers are passed over; Logbus-Last-Stable-Offset says where it is), "
+    "also on a Server-Sent Events stream (Accept: text/event-stream)",
     json_schema_extra={"enum": ["read_uncommitted", "read_committed"]},
 )
 STREAM_ISOLATION_QUERY = Query(
     description="only read_uncommitted (the default) so far: read_committed is served by "
-    "partition fetches, and refused here with 400 rather than silently served uncommitted",
+    "partition fetches and streams, and refused here with 400 rather than silently served "
+    "uncommitted",
     json_schema_extra={"enum": ["read_uncommitted"]},
 )

@@ -273,12 +273,19 @@ async def fetch_records(
 ) -> Response:
     accept = request.headers.get("accept")
     if streams.wants_sse(accept):
-        records.check_isolation(request.query_params)
+        level = records.isolation_of(request.query_params)
         start = streams.resume_offset(request.query_params, request.headers)
         limit = min(max_records or 1000, state.settings.max_fetch_records)
         chunk = min(max_bytes or streams.SSE_CHUNK_BYTES, state.settings.max_fetch_bytes)
         body = streams.partition_sse(
-            state.broker, topic, partition, start, limit, state.budgets.stream, chunk
+            state.broker,
+            topic,
+            partition,
+            start,
+            limit,
+            state.budgets.stream,
+            chunk,
+            committed=level == records.READ_COMMITTED,
         )
         await anext(body)  # raises (404) before the response starts; yields the retry line
         readable = (Resource(ResourceType.TOPIC, topic),)

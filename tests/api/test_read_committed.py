@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from api import streams
 from core_log.batch import scan_batches
 from tests.api.inprocess import app_client
 from tests.core_log.test_transactions import plain, txn
@@ -87,8 +88,46 @@ def test_read_committed_fetch(tmp_path: Path) -> None:
             r = await asyncio.wait_for(poll, 15)
             assert _values(r) == [(6, "c1"), (7, "p7")]
             assert r.json()["last_stable_offset"] == 9
-            # Bad isolation values are refused; streams refuse read_committed (not yet).
+            # Bad isolation values are refused.
             bad = await c.get(URL, params={"offset": 0, "isolation": "serializable"})
             assert bad.status_code == 400 and "isolation must be" in bad.json()["detail"]
+
+    asyncio.run(main())
+
+
+def _event_offsets(chunk: bytes) -> list[int]:
+    return [int(line[3:]) - 1 for line in chunk.split(b"\n") if line.startswith(b"id:")]
+
+
+def test_read_committed_server_sent_events(tmp_path: Path) -> None:
+    """The partition stream at read_committed: committed records only, on past aborted data
+    and markers, and it waits at the last stable offset (no busy loop while a transaction is
+    open above it) until a marker moves it."""
+
+    async def main() -> None:
+        async with app_client(tmp_path / "d") as (c, state):
+            assert (await c.post("/v1/topics", json={"name": "t", "partitions": 1})).is_success
+            p = state.broker.logs.get("t", 0)
+            await p.append(plain(b"p0"))  # 0
+            await p.append(txn(1, 0, b"a1", b"a2"), transactional=True)  # 1-2, aborted
+            await p.append_marker(1, 0, False, 0)  # 3: ABORT
+            await p.append(txn(3, 0, b"c1"), transactional=True)  # 4: open
+            await p.append(plain(b"p5"))  # 5
+            stream = streams.partition_sse(
+                state.broker, "t", 0, 0, 100, state.budgets.stream, committed=True
+            )
+            assert (await anext(stream)).startswith(b"retry:")
+            assert _event_offsets(await anext(stream)) == [0]
+            following = asyncio.create_task(anext(stream))
+            # It passes over the aborted data and the marker, then waits on the partition for
+            # the high watermark to move: one waiter (not a loop of reads returning nothing).
+            for _ in range(1000):
+                if p.waiter_count:
+                    break
+                await asyncio.sleep(0.01)
+            assert p.waiter_count == 1 and not following.done()
+            await p.append_marker(3, 0, True, 0)  # 6: COMMIT: the LSO moves to 7
+            assert _event_offsets(await asyncio.wait_for(following, 10)) == [4, 5]
+            await stream.aclose()
 
     asyncio.run(main())
