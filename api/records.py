@@ -638,18 +638,6 @@ def isolation_of(query: Mapping[str, str]) -> str:
     return isolation
 
 
-def check_isolation(query: Mapping[str, str]) -> None:
-    """Group polls: only ``read_uncommitted`` so far (``read_committed`` is served by
-    partition fetches and streams; answering it here the same as uncommitted would be a silent
-    promise)."""
-    if isolation_of(query) == READ_COMMITTED:
-        raise bad_request(
-            "isolation=read_committed is served by partition fetches and streams (GET "
-            "/v1/topics/{topic}/partitions/{partition}/records) only so far; omit isolation or "
-            "send read_uncommitted here"
-        )
-
-
 def visible_end(result: ReadResult) -> int:
     """Where a reader's view of the partition ends: the high watermark, or at
     ``read_committed`` the last stable offset."""

@@ -40,9 +40,10 @@ from .problems import problem_body
 from .records import (
     JSON,
     NDJSON,
+    READ_COMMITTED,
     Reply,
-    check_isolation,
     int_param,
+    isolation_of,
     media_range,
     next_offset_after,
 )
@@ -149,10 +150,12 @@ async def member_poll(
         query, "max_records", settings.default_fetch_records, 1, settings.max_fetch_records
     )
     wait_ms = int_param(query, "wait_ms", 0, 0, settings.max_wait_ms)
-    check_isolation(query)
+    committed = isolation_of(query) == READ_COMMITTED
     member = coordinator.member(group_id, member_id)
     wait_ms = min(wait_ms, member.session_timeout_ms // 2)  # a poll must not outlive a session
-    reconciled, fetched = await coordinator.poll(group_id, member_id, max_bytes, wait_ms)
+    reconciled, fetched = await coordinator.poll(
+        group_id, member_id, max_bytes, wait_ms, committed=committed
+    )
     if fetched and disconnected is not None and await disconnected():
         fetched = []  # nobody to deliver to: leave the positions where they are
     sep = b"\n" if kind == NDJSON else b","
@@ -351,10 +354,12 @@ async def member_sse(
     max_records: int,
     budget: ByteBudget,
     max_bytes: int = SSE_CHUNK_BYTES,
+    *,
+    committed: bool = False,
 ) -> AsyncIterator[bytes]:
     """A member's records as events; assignment changes as ``assignment`` events. The stream
     is the member's heartbeat: revocations are acknowledged once announced (SSE cannot commit;
-    commits go to ``POST /v1/groups/{group}/offsets``)."""
+    commits go to ``POST /v1/groups/{group}/offsets``). ``committed``: at read_committed."""
     member = coordinator.member(group_id, member_id)
     wait_ms = int(min(KEEPALIVE_S * 1000, member.session_timeout_ms / 3))
     yield b"retry: %d\n\n" % SSE_RETRY_MS
@@ -363,7 +368,11 @@ async def member_sse(
     while True:
         try:
             reconciled, fetched = await coordinator.poll(
-                group_id, member_id, SSE_READ_BYTES, 0 if last is None else wait_ms
+                group_id,
+                member_id,
+                SSE_READ_BYTES,
+                0 if last is None else wait_ms,
+                committed=committed,
             )
         except LogbusError as e:
             yield sse_event("error", problem_body(e))

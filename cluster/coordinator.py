@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import uuid
@@ -58,7 +59,8 @@ from core_log.errors import (
     OffsetOutOfRangeError,
     TopicAlreadyExistsError,
 )
-from core_log.log import ReadResult
+from core_log.isolation import committed_bytes
+from core_log.log import CommittedReadResult, ReadResult
 
 from .assignor import TopicPartition
 from .broker import OFFSETS_TOPIC, Acks, Broker, offsets_partition
@@ -836,11 +838,19 @@ class Coordinator:
         )
 
     async def poll(
-        self, group_id: str, member_id: str, max_bytes: int, wait_ms: int
+        self,
+        group_id: str,
+        member_id: str,
+        max_bytes: int,
+        wait_ms: int,
+        *,
+        committed: bool = False,
     ) -> tuple[Reconciled, list[Fetched]]:
         """Read from the member's assigned partitions, from its positions, waiting up to
         ``wait_ms`` for data or a change of assignment. Positions move with :meth:`advance`.
-        A poll keeps the member's session alive but does not acknowledge revocations."""
+        A poll keeps the member's session alive but does not acknowledge revocations.
+        ``committed``: at ``read_committed`` (committed data only, below each partition's
+        last stable offset; a position moves past aborted data and markers as it reads)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         first: Reconciled | None = None
@@ -849,26 +859,42 @@ class Coordinator:
             reconciled = self.heartbeat(group_id, member_id, ack=False)
             first = first or reconciled
             member = self.member(group_id, member_id)
-            fetched = await self._read(group_id, member, sorted(reconciled.assigned), max_bytes)
+            seen: dict[TopicPartition, int] = {}  # the high watermarks the reads saw
+            tps = sorted(reconciled.assigned)
+            fetched, skipped = await self._read(group_id, member, tps, max_bytes, committed, seen)
             remaining = deadline - loop.time()
             moved = (reconciled.assigned, reconciled.revoking) != (first.assigned, first.revoking)
             if fetched or remaining <= 0 or moved:
                 await self.durable(group_id, member_id=member_id)  # survives a failover
                 return reconciled, fetched
+            if skipped:  # a position passed aborted data: what follows it may be there now
+                continue
             waits: list[Any] = [event.wait()]
             for tp in reconciled.assigned:
                 p = self.broker.reader(*tp, direct=False)
-                waits.append(p.wait_for(member.positions.get(tp, p.high_watermark), remaining))
+                at = member.positions.get(tp, p.high_watermark)
+                if committed:  # the LSO moves only with the high watermark: wait for that
+                    at = max(at, seen.get(tp, p.high_watermark))
+                waits.append(p.wait_for(at, remaining))
             await first_of(waits, remaining)
 
     async def _read(
-        self, group_id: str, member: Member, tps: list[TopicPartition], max_bytes: int
-    ) -> list[Fetched]:
+        self,
+        group_id: str,
+        member: Member,
+        tps: list[TopicPartition],
+        max_bytes: int,
+        committed: bool = False,
+        seen: dict[TopicPartition, int] | None = None,
+    ) -> tuple[list[Fetched], bool]:
+        """What the member's partitions hold from its positions (at most ``max_bytes``), and
+        whether a position moved past aborted data and markers without a record to answer."""
         if not tps:
-            return []
+            return [], False
         cursor = member.poll_cursor % len(tps)
         member.poll_cursor = cursor + 1
         out: list[Fetched] = []
+        skipped = False
         budget = max_bytes
         for tp in tps[cursor:] + tps[:cursor]:
             if budget <= 0:
@@ -878,14 +904,24 @@ class Coordinator:
             if pos >= p.high_watermark:
                 continue
             try:
-                result = await p.read(pos, budget)
+                result = await (p.read_committed if committed else p.read)(pos, budget)
             except OffsetOutOfRangeError as e:
                 member.positions[tp] = self._reset(member, tp, e.log_start_offset, p.high_watermark)
                 continue
+            if seen is not None:
+                seen[tp] = result.high_watermark
+            if isinstance(result, CommittedReadResult) and result.data:
+                data = committed_bytes(result.data, result.aborted_transactions)
+                if not data:  # aborted data and markers only: the position passes them
+                    if tp in member.owned:
+                        member.positions[tp] = result.next_offset
+                        skipped = True
+                    continue
+                result = dataclasses.replace(result, data=data)
             if result.data:
                 out.append(Fetched(tp[0], tp[1], pos, result))
                 budget -= len(result.data)
-        return out
+        return out, skipped
 
     def advance(self, group_id: str, member_id: str, tp: TopicPartition, next_offset: int) -> None:
         """The member was sent records of ``tp`` up to ``next_offset``."""

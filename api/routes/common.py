@@ -43,17 +43,11 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
-# Checked by api.records.isolation_of / check_isolation (one message on the fast path and here).
+# Checked by api.records.isolation_of (one message on the fast path and here).
 ISOLATION_QUERY = Query(
     description="read_uncommitted (the default, as in Kafka): everything below the high "
     "watermark; read_committed: committed data only, below the last stable offset (aborted "
-    "transactions and markers are passed over; Logbus-Last-Stable-Offset says where it is), "
-    "also on a Server-Sent Events stream (Accept: text/event-stream)",
+    "transactions and markers are passed over; a fetch's Logbus-Last-Stable-Offset says where "
+    "it is), also on Server-Sent Events streams and member polls",
     json_schema_extra={"enum": ["read_uncommitted", "read_committed"]},
-)
-STREAM_ISOLATION_QUERY = Query(
-    description="only read_uncommitted (the default) so far: read_committed is served by "
-    "partition fetches and streams, and refused here with 400 rather than silently served "
-    "uncommitted",
-    json_schema_extra={"enum": ["read_uncommitted"]},
 )

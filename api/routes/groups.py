@@ -32,10 +32,10 @@ from ..group_schemas import (
 from ..params import OFFSET_MAX, Digits
 from ..problems import bad_request
 from ..proxy import FORWARDED_BY
-from ..records import JSON, NDJSON, check_isolation, negotiate
+from ..records import JSON, NDJSON, READ_COMMITTED, isolation_of, negotiate
 from ..state import CoordinatorDep, StateDep
 from ..stream_guard import guarded
-from .common import STREAM_ISOLATION_QUERY, errors
+from .common import ISOLATION_QUERY, errors
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"])
 
@@ -141,18 +141,26 @@ async def poll(
     wait_ms: Annotated[
         int | None, Query(ge=0, le=OFFSET_MAX, description="long-poll up to this long"), Digits
     ] = None,
-    isolation: Annotated[str | None, STREAM_ISOLATION_QUERY] = None,
+    isolation: Annotated[str | None, ISOLATION_QUERY] = None,
     accept: Annotated[str | None, Header()] = None,
 ) -> Response:
     kind = negotiate(accept, [JSON, NDJSON, streams.SSE])
     coordinator = state.coordinator
     if kind == streams.SSE:
-        check_isolation(request.query_params)
+        level = isolation_of(request.query_params)
         coordinator.member(group, member)  # unknown member: 404 before the stream
         max_records = min(max_records or 1000, state.settings.max_fetch_records)
         chunk = min(max_bytes or streams.SSE_CHUNK_BYTES, state.settings.max_fetch_bytes)
         stream_budget = state.budgets.stream
-        body = streams.member_sse(coordinator, group, member, max_records, stream_budget, chunk)
+        body = streams.member_sse(
+            coordinator,
+            group,
+            member,
+            max_records,
+            stream_budget,
+            chunk,
+            committed=level == READ_COMMITTED,
+        )
         return _sse(
             guarded(
                 body,

@@ -131,3 +131,46 @@ def test_read_committed_server_sent_events(tmp_path: Path) -> None:
             await stream.aclose()
 
     asyncio.run(main())
+
+
+def test_read_committed_member_poll(tmp_path: Path) -> None:
+    """A member's poll at read_committed: committed records only; a position in front of
+    aborted data and markers passes them within the same poll, and a long-poll at the last
+    stable offset answers when a marker moves it."""
+
+    async def main() -> None:
+        async with app_client(tmp_path / "d") as (c, state):
+            assert (await c.post("/v1/topics", json={"name": "t", "partitions": 1})).is_success
+            p = state.broker.logs.get("t", 0)
+            await p.append(txn(1, 0, b"a1", b"a2"), transactional=True)  # 0-1, aborted
+            await p.append_marker(1, 0, False, 0)  # 2: ABORT
+            await p.append(plain(b"p3"))  # 3
+            await p.append(txn(2, 0, b"b1"), transactional=True)  # 4: open
+            await p.append(plain(b"p5"))  # 5
+            joined = await c.post(
+                "/v1/groups/g/members",
+                json={"topics": ["t"], "auto_offset_reset": "earliest"},
+            )
+            assert joined.status_code == 201, joined.text
+            url = f"/v1/groups/g/members/{joined.json()['member_id']}/records"
+            committed = {"isolation": "read_committed", "max_bytes": 60}  # one batch a read
+
+            async def poll(**params: Any) -> httpx.Response:
+                r = await c.get(url, params={**committed, **params})
+                assert r.status_code == 200, r.text
+                return r
+
+            r = await poll(wait_ms=10_000)
+            assert _values(r) == [(3, "p3")]
+            assert r.json()["positions"][0]["next_offset"] == 4
+            waiting = asyncio.create_task(poll(wait_ms=20_000))
+            for _ in range(1000):  # the poll waits on the partition
+                if p.waiter_count:
+                    break
+                await asyncio.sleep(0.01)
+            assert p.waiter_count == 1 and not waiting.done()
+            await p.append_marker(2, 0, True, 0)  # 6: COMMIT
+            r = await asyncio.wait_for(waiting, 15)
+            assert _values(r)[0] == (4, "b1")
+
+    asyncio.run(main())

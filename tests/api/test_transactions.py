@@ -3,8 +3,8 @@ yet instead of pretending.
 
 A transactional (or control) batch is refused at produce — its records would otherwise be
 visible at once, before any commit, and no coordinator exists yet to decide them.
-``isolation=read_committed`` is served by partition fetches (tests/api/test_read_committed.py)
-and refused on the read paths that do not serve it yet (SSE, member poll, WebSocket) rather
+``isolation=read_committed`` is served by partition fetches, streams and member polls
+(tests/api/test_read_committed.py) and refused where it is not served yet (WebSocket) rather
 than served as read_uncommitted.
 """
 
@@ -120,21 +120,29 @@ def test_fetch_serves_read_committed_and_sse_refuses_it(http: httpx.Client) -> N
     assert r.status_code == 200, r.text
 
 
-def test_member_poll_refuses_read_committed(http: httpx.Client) -> None:
+def test_member_poll_takes_read_committed_and_refuses_a_bad_level(http: httpx.Client) -> None:
     topic = create_topic(http, "txn-group")
+    ok = http.post(
+        f"/v1/topics/{topic}/partitions/0/records",
+        content=kafka_batch([b"ok"]),
+        headers={"content-type": BATCH},
+    )
+    assert ok.status_code == 200, ok.text
     group = unique("g")
     r = http.post(
-        f"/v1/groups/{group}/members", json={"topics": [topic], "session_timeout_ms": 30_000}
+        f"/v1/groups/{group}/members",
+        json={"topics": [topic], "session_timeout_ms": 30_000, "auto_offset_reset": "earliest"},
     )
     assert r.status_code == 201, r.text
     member = r.json()["member_id"]
     url = f"/v1/groups/{group}/members/{member}/records"
-    for accept in ["application/json", "application/x-ndjson", "text/event-stream"]:
-        r = http.get(url, params={"isolation": "read_committed"}, headers={"accept": accept})
-        body = assert_problem(r, 400, "INVALID_REQUEST")
-        assert "served by partition fetches" in body["detail"], (accept, body)
-    r = http.get(url, params={"isolation": "read_uncommitted"})
+    r = http.get(url, params={"isolation": "read_committed", "wait_ms": 5000})
     assert r.status_code == 200, r.text
+    assert [rec["offset"] for rec in r.json()["records"]] == [0]
+    for accept in ["application/json", "application/x-ndjson", "text/event-stream"]:
+        r = http.get(url, params={"isolation": "snapshot"}, headers={"accept": accept})
+        body = assert_problem(r, 400, "INVALID_REQUEST")
+        assert "isolation must be" in body["detail"], (accept, body)
 
 
 def test_websocket_refuses_read_committed(shared_broker: BrokerProcess, http: httpx.Client) -> None:
