@@ -35,7 +35,9 @@ Theory of operation
   marker can always carry one more: an end at 32766 writes its markers with 32767 and gives the
   client a fresh producer id at epoch 0 (``previous_producer_id`` keeps the old id for the
   retry); an ``init`` past 32766 does the same. Coordinator-initiated aborts bump the epoch too
-  and clear ``last_producer_epoch``: the fenced producer's old epoch is refused from then on.
+  and clear ``last_producer_epoch``; the new epoch is handed to no one, and until the next
+  ``init`` every add or end of that id is ``PRODUCER_FENCED`` (so a guessed fence epoch, which
+  may be 32767, can never open a transaction).
 * **Prepare -> persist -> apply.** Each operation returns a :class:`TxnResult`: an error or an
   answer, the new metadata, the :class:`TxnRecord` to append to ``__transaction_state`` and,
   for an end, the :class:`TxnMarkers` to write. The caller appends the record with
@@ -137,6 +139,7 @@ class TxnState(enum.Enum):
 _S = TxnState
 _IDLE = frozenset({_S.EMPTY, _S.COMPLETE_COMMIT, _S.COMPLETE_ABORT})  # no transaction open
 _PREPARING = frozenset({_S.PREPARE_COMMIT, _S.PREPARE_ABORT})
+_COORDINATOR_ABORTED = frozenset({_S.PREPARE_ABORT, _S.COMPLETE_ABORT})  # with no last epoch
 # Every legal move, from -> to (Kafka's validPreviousStates, read the other way round).
 TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
     _S.EMPTY: frozenset({_S.EMPTY, _S.ONGOING, _S.DEAD}),
@@ -544,9 +547,9 @@ class TxnCoordinatorState:
             new = TxnMetadata(txn_id, pid, 0, timeout_ms, _S.EMPTY, last_update_ms=now_ms)
             return self._write(None, new)
         if m.state is _S.ONGOING:
-            fence = self._fence(m, now_ms)
-            return replace(
-                fence,
+            return self._fence(
+                m,
+                now_ms,
                 error=ErrorCode.CONCURRENT_TRANSACTIONS,
                 message=f"the open transaction of {txn_id!r} is being aborted; retry the init",
             )
@@ -782,7 +785,7 @@ class TxnCoordinatorState:
             )
         return self._fence(m, now_ms)
 
-    def _fence(self, m: TxnMetadata, now_ms: int) -> TxnResult:
+    def _fence(self, m: TxnMetadata, now_ms: int, **answer: Any) -> TxnResult:
         """Abort ``m``'s transaction on the coordinator's own account: ONGOING ->
         PREPARE_EPOCH_FENCE (the epoch bumped, in memory) -> PREPARE_ABORT (written)."""
         assert m.producer_epoch < MAX_EPOCH, "client epochs stay below 32767"
@@ -793,7 +796,7 @@ class TxnCoordinatorState:
             previous_producer_id=NO_PRODUCER_ID,
             last_update_ms=now_ms,
         )
-        return self._write(m, new, markers=self._markers(new))
+        return self._write(m, new, markers=self._markers(new), **answer)
 
     def _markers(self, m: TxnMetadata) -> TxnMarkers:
         assert m.state in _PREPARING
@@ -860,6 +863,14 @@ def _check_producer(m: TxnMetadata, producer_id: int, epoch: int) -> TxnResult |
             m.transactional_id,
             ErrorCode.INVALID_PRODUCER_ID_MAPPING,
             f"producer {producer_id} is not the producer of {m.transactional_id!r}",
+            m,
+        )
+    if m.state in _COORDINATOR_ABORTED and m.last_producer_epoch == NO_EPOCH:
+        return _error(  # nobody was handed the fence epoch: only an init goes on from here
+            m.transactional_id,
+            ErrorCode.PRODUCER_FENCED,
+            f"the transaction of {m.transactional_id!r} was aborted by the coordinator "
+            "(timeout, a newer init or an admin); init the producer again",
             m,
         )
     if epoch != m.producer_epoch:
