@@ -62,9 +62,12 @@ Theory of operation
   PREPARE_* (:meth:`~TxnCoordinatorState.pending_markers`) and completes them; ONGOING ones
   continue and time out as usual. A marker written twice is harmless: the second carries the
   same producer id and epoch, which the partition accepts (not older) and which ends nothing
-  there (no transaction of that producer is open any more), so replaying markers after a
-  failover is safe. Markers carry the coordinator epoch (the leader epoch at load) so that a
-  deposed coordinator's late markers are fenced by the partitions.
+  there, because no transaction of that producer can be open on it again yet: the next one
+  begins with an add, which waits (``CONCURRENT_TRANSACTIONS``) until COMPLETE_* is durable,
+  i.e. until every marker is written. Markers carry the coordinator epoch (the leader epoch
+  of the ``__transaction_state`` partition at load) so that once the new coordinator has
+  written them, a deposed coordinator's late copies are fenced by the partitions
+  (``TRANSACTION_COORDINATOR_FENCED``, :mod:`core_log.producer_state`).
 """
 
 from __future__ import annotations
