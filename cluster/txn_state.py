@@ -477,8 +477,11 @@ class TxnCoordinatorState:
             self.transactions[txn_id] = result.metadata
 
     def abandon(self, result: TxnResult) -> None:
-        """Forget ``result``: its record could not be written. Nothing changes (the caller
-        answers the error of the write; the client retries)."""
+        """Forget ``result``: its record was certainly not written (refused before the append,
+        e.g. NOT_ENOUGH_REPLICAS). Nothing changes; the caller answers the write's error and the
+        client retries. If the outcome is unknown (a timeout, a lost leadership) the record may
+        still land in the log: do not abandon then, drop this state and :meth:`load` the
+        partition again (as after a leadership change) so that memory agrees with the log."""
         if self.pending.get(result.transactional_id) is result:
             del self.pending[result.transactional_id]
 

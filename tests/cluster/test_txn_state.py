@@ -158,6 +158,8 @@ def test_error_codes_are_kafkas() -> None:
     assert (E.CONCURRENT_TRANSACTIONS.kafka_code, E.CONCURRENT_TRANSACTIONS.retriable) == (51, True)
     assert E.PRODUCER_FENCED.kafka_code == 90
     assert E.TRANSACTIONAL_ID_NOT_FOUND.kafka_code == 105
+    codes = [m.kafka_code for m in E]  # a tuple equal to another would make an alias
+    assert len(codes) == len(set(codes))
     for code in (E.INVALID_PRODUCER_ID_MAPPING, E.PRODUCER_FENCED, E.INVALID_TRANSACTION_TIMEOUT):
         assert 400 <= code.http_status < 500 and not code.retriable
     exc = Coordinator().state.add_partitions("nope", 1, 0, [("a", 0)], T0).exception()
