@@ -54,8 +54,10 @@ Theory of operation
   tombstone of an expired id. So :meth:`TxnCoordinatorState.load` of the partition's records
   rebuilds exactly the committed map (the property test checks it after every step). Record:
   key ``["txn", transactional_id]`` (JSON), value the metadata as JSON with ``"v": 1``
-  (:func:`encode_metadata`); partitions are grouped per topic, so the 10,000-partition cap
-  costs ~60 kB for one topic, well under a 1 MB message.
+  (:func:`encode_metadata`); partitions are grouped per topic: at the 10,000-partition cap a
+  value is 49 kB for one topic, 180 kB for 10,000 topics of 11 characters, but 2.5 MB at
+  worst (10,000 topics of 249 characters), past a 1 MB ``max.message.bytes``: the topic's
+  writer must allow that size (or a byte cap must be added here).
 * **Failover.** The new leader of a ``__transaction_state`` partition loads it (last record per
   key wins, a tombstone deletes; a malformed record is skipped and counted in
   ``corrupt_records``, never fatal), then writes the markers of every transaction found in
@@ -88,7 +90,7 @@ TXN_STATE_PARTITIONS = 50  # transaction.state.log.num.partitions
 TRANSACTION_MAX_TIMEOUT_MS = 900_000  # transaction.max.timeout.ms (15 min)
 TRANSACTIONAL_ID_EXPIRATION_MS = 7 * 24 * 3600 * 1000  # transactional.id.expiration.ms
 MAX_EPOCH = 2**15 - 1  # int16 in the batch header: markers may reach it, clients stop one short
-MAX_PARTITIONS_PER_TXN = 10_000  # ~60 kB of record for one topic; Kafka has no cap
+MAX_PARTITIONS_PER_TXN = 10_000  # 49 kB of record for one topic, 2.5 MB at worst; Kafka: none
 MAX_GROUPS_PER_TXN = 1_000
 MAX_TRANSACTIONAL_IDS = 100_000  # per coordinator; a new id past it is refused (retriable)
 MAX_TRANSACTIONAL_ID_CHARS = 255
