@@ -70,6 +70,13 @@ class ErrorCode(enum.Enum):
     INVALID_PRODUCER_EPOCH = (47, False, 409)
     INVALID_TXN_STATE = (48, False, 409)
     TRANSACTION_COORDINATOR_FENCED = (52, False, 409)
+    # Transaction coordinator answers (cluster/txn_state.py). CONCURRENT_TRANSACTIONS is
+    # retriable: the transaction is between two states (a record or its markers in flight).
+    INVALID_PRODUCER_ID_MAPPING = (49, False, 409)
+    INVALID_TRANSACTION_TIMEOUT = (50, False, 400)
+    CONCURRENT_TRANSACTIONS = (51, True, 409)
+    PRODUCER_FENCED = (90, False, 409)
+    TRANSACTIONAL_ID_NOT_FOUND = (105, False, 404)
     TOPIC_ALREADY_EXISTS = (36, False, 409)
     INVALID_CONFIG = (40, False, 400)
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = (53, False, 403)
