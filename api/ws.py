@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Iterable
 from typing import Any
@@ -45,6 +46,8 @@ from core_log.errors import (
     UnknownTopicOrPartitionError,
     UnreadableRecordError,
 )
+from core_log.isolation import committed_bytes
+from core_log.log import CommittedReadResult
 from core_log.recordjson import read_on_from
 
 from . import records
@@ -94,6 +97,9 @@ class Session:
         self.broker = state.broker
         self.credit = proto.CreditWindow()
         self.format: proto.Format = "json"
+        self.committed = False  # isolation read_committed (the last subscribe/join says)
+        self._seen_hw: dict[TopicPartition, int] = {}  # the high watermark each read saw
+        self._passed = False  # a position moved past aborted data this round
         self.positions: dict[TopicPartition, int] = {}  # explicit subscriptions
         self.link: GroupLink | None = None  # a group member's link to its coordinator
         self._rejoins_sent = 0
@@ -282,6 +288,7 @@ class Session:
         self.positions.update(wanted)
         self.blocked.difference_update(wanted)
         self.format = msg.format
+        self.committed = msg.isolation == "read_committed"
         self.changed.set()
         await self.send(
             {
@@ -327,6 +334,7 @@ class Session:
         self.link = link
         self.auto_ack = msg.auto_ack
         self.format = msg.format
+        self.committed = msg.isolation == "read_committed"
         await self.send(
             {
                 "type": "joined",
@@ -443,9 +451,10 @@ class Session:
             sources = self._sources() if (self.link is not None or self.positions) else []
             await self._announce()
             sent = 0
+            self._passed = False
             if self.credit.open and sources:
                 sent = await self._push_round(sources)
-            if sent:
+            if sent or self._passed:  # a position passed aborted data: read on from it
                 continue
             waits: list[Awaitable[Any]] = [self.changed.wait()]
             if group_event is not None:
@@ -461,6 +470,8 @@ class Session:
                         p = await self.broker.known_reader(*tp)
                         pos = self._position(tp)
                         if pos is not None:
+                            if self.committed:  # the LSO moves only with the high watermark
+                                pos = max(pos, self._seen_hw.get(tp, pos))
                             waits.append(p.wait_for(pos, timeout))
                     except LogbusError as e:
                         await self._source_failed(tp, e)
@@ -505,10 +516,19 @@ class Session:
     async def _push_partition(self, tp: TopicPartition, pos: int, budget: int) -> int:
         """Read ``budget`` bytes of ``tp`` from ``pos`` and send what the credit allows."""
         try:
-            result = await self.broker.reader(*tp).read(pos, budget)
+            reader = self.broker.reader(*tp)
+            result = await (reader.read_committed if self.committed else reader.read)(pos, budget)
         except LogbusError as e:
             await self._source_failed(tp, e)
             return 0
+        if isinstance(result, CommittedReadResult):
+            self._seen_hw[tp] = result.high_watermark
+            data = committed_bytes(result.data, result.aborted_transactions)
+            if not data and result.data:  # aborted data and markers only: pass over them
+                self._advance(tp, result.next_offset)
+                self._passed = True
+                return 0
+            result = dataclasses.replace(result, data=data)
         full = len(result.data) >= budget // 2
         self._read_bytes[tp] = min(READ_BYTES, budget * 2) if full else FIRST_READ_BYTES
         if self.format == "binary":

@@ -3,9 +3,8 @@ yet instead of pretending.
 
 A transactional (or control) batch is refused at produce — its records would otherwise be
 visible at once, before any commit, and no coordinator exists yet to decide them.
-``isolation=read_committed`` is served by partition fetches, streams and member polls
-(tests/api/test_read_committed.py) and refused where it is not served yet (WebSocket) rather
-than served as read_uncommitted.
+``isolation=read_committed`` is served on every read path (tests/api/test_read_committed.py);
+an unknown level is refused.
 """
 
 from __future__ import annotations
@@ -145,13 +144,15 @@ def test_member_poll_takes_read_committed_and_refuses_a_bad_level(http: httpx.Cl
         assert "isolation must be" in body["detail"], (accept, body)
 
 
-def test_websocket_refuses_read_committed(shared_broker: BrokerProcess, http: httpx.Client) -> None:
+def test_websocket_takes_read_committed_and_refuses_a_bad_level(
+    shared_broker: BrokerProcess, http: httpx.Client
+) -> None:
     topic = create_topic(http, "txn-ws")
     url = shared_broker.url.replace("http://", "ws://", 1) + "/v1/ws"
-    committed = {"topics": [topic], "isolation": "read_committed"}
     messages = [
-        {"op": "subscribe", "id": 1, **committed},
-        {"op": "join", "id": 2, "group": unique("g"), **committed},
+        {"op": "subscribe", "id": 1, "topics": [topic], "isolation": "snapshot"},
+        {"op": "join", "id": 2, "group": unique("g"), "topics": [topic], "isolation": "x"},
+        {"op": "subscribe", "id": 3, "topics": [topic], "isolation": "read_committed"},
     ]
 
     async def main() -> list[dict[str, object]]:
@@ -160,12 +161,10 @@ def test_websocket_refuses_read_committed(shared_broker: BrokerProcess, http: ht
             for m in messages:
                 await ws.send(json.dumps(m))
                 out.append(json.loads(await asyncio.wait_for(ws.recv(), 5)))
-            await ws.send(json.dumps({**messages[0], "id": 3, "isolation": "read_uncommitted"}))
-            out.append(json.loads(await asyncio.wait_for(ws.recv(), 5)))
         return out
 
     refused_subscribe, refused_join, subscribed = asyncio.run(main())
     for doc, ident in [(refused_subscribe, 1), (refused_join, 2)]:
         assert (doc["type"], doc["id"], doc["code"]) == ("error", ident, "INVALID_REQUEST"), doc
-        assert "read_committed is not supported yet" in str(doc["detail"]), doc
+        assert "isolation" in str(doc["detail"]), doc
     assert (subscribed["type"], subscribed["id"]) == ("subscribed", 3), subscribed
