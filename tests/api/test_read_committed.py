@@ -34,6 +34,12 @@ async def _fetch(c: httpx.AsyncClient, **params: Any) -> httpx.Response:
     return r
 
 
+async def _topic(c: httpx.AsyncClient, state: Any) -> Any:
+    """Topic ``t`` (one partition), and its partition, to write transactions into directly."""
+    assert (await c.post("/v1/topics", json={"name": "t", "partitions": 1})).is_success
+    return state.broker.logs.get("t", 0)
+
+
 def _values(r: httpx.Response) -> list[tuple[int, str]]:
     """(offset, value) of a JSON answer (these values are not JSON: ``value_b64``)."""
     return [(rec["offset"], b64decode(rec["value_b64"]).decode()) for rec in r.json()["records"]]
@@ -42,8 +48,7 @@ def _values(r: httpx.Response) -> list[tuple[int, str]]:
 def test_read_committed_fetch(tmp_path: Path) -> None:
     async def main() -> None:
         async with app_client(tmp_path / "d") as (c, state):
-            assert (await c.post("/v1/topics", json={"name": "t", "partitions": 1})).is_success
-            p = state.broker.logs.get("t", 0)
+            p = await _topic(c, state)
             await p.append(plain(b"p0"))  # 0
             await p.append(txn(1, 0, b"a1", b"a2"), transactional=True)  # 1-2, aborted
             await p.append(txn(2, 0, b"b1"), transactional=True)  # 3, committed
@@ -107,8 +112,7 @@ def test_read_committed_server_sent_events(tmp_path: Path) -> None:
 
     async def main() -> None:
         async with app_client(tmp_path / "d") as (c, state):
-            assert (await c.post("/v1/topics", json={"name": "t", "partitions": 1})).is_success
-            p = state.broker.logs.get("t", 0)
+            p = await _topic(c, state)
             await p.append(plain(b"p0"))  # 0
             await p.append(txn(1, 0, b"a1", b"a2"), transactional=True)  # 1-2, aborted
             await p.append_marker(1, 0, False, 0)  # 3: ABORT
@@ -141,8 +145,7 @@ def test_read_committed_member_poll(tmp_path: Path) -> None:
 
     async def main() -> None:
         async with app_client(tmp_path / "d") as (c, state):
-            assert (await c.post("/v1/topics", json={"name": "t", "partitions": 1})).is_success
-            p = state.broker.logs.get("t", 0)
+            p = await _topic(c, state)
             await p.append(txn(1, 0, b"a1", b"a2"), transactional=True)  # 0-1, aborted
             await p.append_marker(1, 0, False, 0)  # 2: ABORT
             await p.append(plain(b"p3"))  # 3
