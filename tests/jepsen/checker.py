@@ -7,7 +7,8 @@ transaction ended as far as its client knows, what consumers' polls returned, an
 truth — what every partition holds at the end, read whole at both isolation levels. The checker
 is a pure function of that history: it builds a few indexes (who wrote each value, every
 (topic, partition, offset) every read saw, the final committed and uncommitted logs) and runs
-one pass per anomaly. Linear in the size of the history; 10^5 records check in about a second.
+one pass per anomaly. Linear in the size of the history: about 1 s of CPU per 10^5 records
+read (a model history of 7 * 10^4 operations and 5 * 10^5 records read: 4.4 s).
 
 A transaction's status comes from its end (:attr:`Txn.outcome`): *committed* (commit
 acknowledged), *not committed* (aborted, commit refused, or no commit ever sent: a Kafka
@@ -248,7 +249,9 @@ def validate(history: History) -> None:
             raise ValueError(f"{where}: completes before it is invoked")
         if isinstance(op, Txn):
             end = op.end
-            if end is not None and (end.complete_ns < end.invoke_ns or end.invoke_ns < op.invoke_ns):
+            if end is not None and (
+                end.complete_ns < end.invoke_ns or end.invoke_ns < op.invoke_ns
+            ):
                 raise ValueError(f"{where}: its end's times are out of order")
         elif isinstance(op, Poll):
             if op.outcome != "ok" and op.records:
@@ -300,6 +303,11 @@ class _Index:
                         self.fu[tp][o] = v
                         self._saw((*tp, o), v, i, "read_uncommitted")
         self.fc_values = {tp: set(m.values()) for tp, m in self.fc.items()}
+        self.fu_values = {tp: set(m.values()) for tp, m in self.fu.items()}
+        self.fc_at: dict[int, list[Position]] = defaultdict(list)  # value -> positions in FC
+        for tp, m in sorted(self.fc.items()):
+            for o, v in sorted(m.items()):
+                self.fc_at[v].append((*tp, o))
 
     def _saw(self, pos: Position, value: int, op: int, isolation: str) -> None:
         self.seen[pos][value].add(op)
@@ -397,7 +405,7 @@ def _aborted_read(ix: _Index, value: int, tp: TopicPartition, writers: Sequence[
         return ""  # a committed value missing from the final read is a lost write instead
     if value in ix.fc_values.get(tp, ()):
         return ""
-    if value in ix.fu.get(tp, {}).values():
+    if value in ix.fu_values.get(tp, ()):
         return "the final read shows it aborted"
     return "the final read does not hold it"
 
@@ -405,7 +413,7 @@ def _aborted_read(ix: _Index, value: int, tp: TopicPartition, writers: Sequence[
 def _sessions(ix: _Index, report: Report) -> None:
     """nonmonotonic-poll and poll-skip, walking each consumer session's polls in order."""
     last: dict[tuple[str, str, TopicPartition], tuple[int, int]] = {}  # -> (offset, op)
-    chain: dict[tuple[str, str, TopicPartition], int] = {}  # last offset usable for skips
+    chain: dict[tuple[str, str], dict[TopicPartition, int]] = {}  # last offsets for skips
     reference = {
         READ_COMMITTED: {tp: sorted(m) for tp, m in ix.fc.items()},
         "read_uncommitted": {tp: sorted(m) for tp, m in ix.fu.items()},
@@ -413,8 +421,8 @@ def _sessions(ix: _Index, report: Report) -> None:
     for i, poll in ix.polls:
         session = (poll.consumer, poll.session)
         if poll.outcome == "info":
-            for key in [k for k in chain if k[:2] == session]:
-                del chain[key]
+            chain.pop(session, None)
+        since = chain.setdefault(session, {})
         for r in poll.records:
             tp = (r.topic, r.partition)
             key = (*session, tp)
@@ -430,11 +438,11 @@ def _sessions(ix: _Index, report: Report) -> None:
                         ops=tuple(sorted({prev[1], i})),
                     )
                 )
-            a = chain.get(key)
+            a = since.get(tp)
             if a is not None and ix.final is not None and r.offset > a:
                 _skips(ix, report, reference[poll.isolation], poll, key, a, r.offset, i)
             last[key] = (r.offset, i)
-            chain[key] = r.offset
+            since[tp] = r.offset
     if ix.final is not None:
         for p in ix.final.partitions:
             for view, slots in (("committed", p.committed), ("uncommitted", p.uncommitted)):
@@ -491,7 +499,7 @@ def _lost_writes(ix: _Index, report: Report) -> None:
                 continue
             if w.offset is None and w.value in ix.fc_values.get(tp, ()):
                 continue
-            elsewhere = [(*tp, o) for o, v in sorted(held.items()) if v == w.value]
+            elsewhere = [pos for pos in ix.fc_at.get(w.value, ()) if pos[:2] == tp]
             acked = "" if w.offset is None else f" acknowledged at offset {w.offset}"
             found = f"at {_positions(elsewhere)}" if elsewhere else "absent"
             report.anomalies.append(
@@ -524,7 +532,7 @@ def _unseen(ix: _Index, report: Report) -> None:
             tp = (w.topic, w.partition)
             offset = w.offset
             if offset is None:
-                at = [o for o, v in ix.fc.get(tp, {}).items() if v == w.value]
+                at = [pos[2] for pos in ix.fc_at.get(w.value, ()) if pos[:2] == tp]
                 if len(at) != 1:
                     continue  # lost (a lost-write) or duplicated (a duplicate)
                 offset = at[0]
@@ -564,7 +572,7 @@ def _output_mismatch(ix: _Index, t: Transform, report: Report) -> None:
             images.add(out)
             n = len(outputs.get(out, ()))
             consumed = o < upto
-            if consumed and n == 1 or not consumed and n == 0:
+            if n == (1 if consumed else 0):
                 continue
             if consumed:
                 why = "no output" if n == 0 else f"{n} outputs"

@@ -217,9 +217,7 @@ def op_to_json(op: Op) -> dict[str, Any]:
             "producer_epoch": op.producer_epoch,
             "writes": [[w.topic, w.partition, w.value, w.offset] for w in op.writes],
             "group_offsets": [_group_offset_to_json(g) for g in op.group_offsets],
-            "end": None
-            if end is None
-            else [end.kind, end.invoke_ns, end.complete_ns, end.outcome],
+            "end": None if end is None else [end.kind, end.invoke_ns, end.complete_ns, end.outcome],
         }
     if isinstance(op, Poll):
         return base | {

@@ -684,10 +684,7 @@ def _replace_final(history: History, **changes: object) -> History:
 def drop_committed_record(history: History, pick: int) -> History | None:
     """The log lost an acknowledged-committed record (from both final reads)."""
     committed = [
-        w
-        for op in history.ops
-        if isinstance(op, Txn) and op.outcome == "ok"
-        for w in op.writes
+        w for op in history.ops if isinstance(op, Txn) and op.outcome == "ok" for w in op.writes
     ]
     if not committed:
         return None
@@ -779,7 +776,9 @@ def precommit_poll(history: History, pick: int) -> History | None:
 def change_polled_value(history: History, pick: int) -> History | None:
     """A poll sees another value at an offset than the other reads do."""
     polled = [
-        (i, j) for i, op in enumerate(history.ops) if isinstance(op, Poll)
+        (i, j)
+        for i, op in enumerate(history.ops)
+        if isinstance(op, Poll)
         for j in range(len(op.records))
     ]
     if not polled:
