@@ -157,6 +157,19 @@ def test_a_clean_history_flags_nothing() -> None:
     assert report.counts == dict.fromkeys(ANOMALIES, 0)
     assert report.never_polled == 0
     assert report.unchecked == []
+    assert json.loads(json.dumps(report.to_json()))["valid"] is True
+
+
+def test_a_report_names_each_anomaly_with_its_operations() -> None:
+    b = Builder()
+    logs = base(b)
+    logs[(T, 1)] = []
+    report = check(b.final(logs))
+    doc = json.loads(json.dumps(report.to_json()))
+    assert doc["valid"] is False
+    assert doc["counts"][LOST_WRITE] == 1
+    assert doc["anomalies"][0]["values"] == [2]
+    assert "lost-write: 1" in report.render()
 
 
 def test_duplicate_in_the_final_read() -> None:
@@ -834,3 +847,163 @@ def test_a_mutation_is_reported_long(
 @given(steps)
 def test_model_histories_check_clean_long(program: list[tuple[int, int]]) -> None:
     test_model_histories_check_clean.hypothesis.inner_test(program)  # type: ignore[attr-defined]
+
+
+# -- random consume-transform-produce runs --------------------------------------------------------
+
+IN_PARTITIONS = 2
+INPUTS_PER_PARTITION = 12
+
+
+class LoopModel:
+    """A consume-transform-produce loop over a model log: inputs 1.. in ``in`` (written before,
+    not transactionally); each step reads a batch from the group's committed offset of one
+    partition (a new session: the loop seeks there) and writes its outputs to ``out/0`` with the
+    group's new offset in one transaction whose fate is drawn as in :class:`Model`. A retried
+    batch rewrites the same outputs in a new transaction."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.inputs = [
+            [p * INPUTS_PER_PARTITION + i + 1 for i in range(INPUTS_PER_PARTITION)]
+            for p in range(IN_PARTITIONS)
+        ]
+        self.committed = [0] * IN_PARTITIONS
+        self.out: list[tuple[int | None, bool]] = []  # (value or None for a marker, committed)
+        self.ops: list[Op] = []
+        self.batches = 0
+
+    def tick(self) -> int:
+        self.now += 3
+        return self.now
+
+    def step(self, arg: int) -> None:
+        p = arg % IN_PARTITIONS
+        start = self.committed[p]
+        batch = self.inputs[p][start : start + 1 + (arg >> 1) % 3]
+        if not batch:
+            return
+        self.batches += 1
+        invoke = self.tick()
+        records = tuple(Record("in", p, start + i, v) for i, v in enumerate(batch))
+        self.ops.append(Poll(0, invoke, self.tick(), "ok", "loop", f"b{self.batches}", RC, records))
+        fate = (arg >> 3) % 9
+        commits = fate <= 3
+        first = len(self.out)
+        writes = tuple(Write("out", 0, LOOP.fn(v), first + i) for i, v in enumerate(batch))
+        self.out += [(LOOP.fn(v), commits) for v in batch] + [(None, commits)]
+        offset = GroupOffset("g", "in", p, start + len(batch))
+        if commits:
+            self.committed[p] = offset.offset
+        end_invoke = self.tick()
+        kind: EndKind = "commit" if fate <= 5 else "abort"
+        outcome: Outcome = ("ok", "ok", "ok", "info", "info", "fail", "ok", "info", "ok")[fate]
+        end = None if fate == 8 else TxnEnd(kind, end_invoke, self.tick(), outcome)
+        self.ops.append(Txn(0, invoke, self.now, "loop", writes, end, (offset,)))
+
+    def finish(self) -> History:
+        ins = tuple(
+            PartitionRead("in", p, tuple(enumerate(vs)), tuple(enumerate(vs)))
+            for p, vs in enumerate(self.inputs)
+        )
+        out = PartitionRead(
+            "out",
+            0,
+            tuple((o, v) for o, (v, c) in enumerate(self.out) if v is not None and c),
+            tuple((o, v) for o, (v, _) in enumerate(self.out) if v is not None),
+        )
+        offsets = tuple(GroupOffset("g", "in", p, o) for p, o in enumerate(self.committed))
+        invoke = self.tick()
+        self.ops.append(FinalRead(9, invoke, self.tick(), (*ins, out), offsets))
+        return History(tuple(self.ops))
+
+
+def run_loop(program: list[int]) -> History:
+    m = LoopModel()
+    for arg in program:
+        m.step(arg)
+    m.step(0)  # at least one batch
+    return m.finish()
+
+
+loop_steps = st.lists(st.integers(0, (1 << 8) - 1), max_size=40)
+
+
+@QUICK
+@given(loop_steps)
+def test_loop_histories_check_clean(program: list[int]) -> None:
+    report = check(run_loop(program), [LOOP])
+    assert report.valid, report.render()
+
+
+def _replace_out(history: History, change: Callable[[PartitionRead], PartitionRead]) -> History:
+    final = _final(history)
+    parts = tuple(change(p) if p.topic == "out" else p for p in final.partitions)
+    return _replace_final(history, partitions=parts)
+
+
+def drop_output(history: History, pick: int) -> History | None:
+    out = next(p for p in _final(history).partitions if p.topic == "out")
+    if not out.committed:
+        return None
+    gone = out.committed[pick % len(out.committed)]
+    return _replace_out(
+        history,
+        lambda p: replace(
+            p,
+            committed=tuple(s for s in p.committed if s != gone),
+            uncommitted=tuple(s for s in p.uncommitted if s != gone),
+        ),
+    )
+
+
+def duplicate_output(history: History, pick: int) -> History | None:
+    out = next(p for p in _final(history).partitions if p.topic == "out")
+    if not out.committed:
+        return None
+    again = (10**9, out.committed[pick % len(out.committed)][1])
+    return _replace_out(
+        history,
+        lambda p: replace(p, committed=(*p.committed, again), uncommitted=(*p.uncommitted, again)),
+    )
+
+
+def tear_offsets(history: History, pick: int) -> History | None:
+    """The group's offset moved past an input whose output never committed."""
+    final = _final(history)
+    offsets = list(final.group_offsets)
+    i = pick % len(offsets)
+    if offsets[i].offset >= INPUTS_PER_PARTITION:
+        return None
+    offsets[i] = replace(offsets[i], offset=offsets[i].offset + 1)
+    return _replace_final(history, group_offsets=tuple(offsets))
+
+
+LOOP_MUTATIONS: list[tuple[Mutation, set[str]]] = [
+    (drop_output, {LOST_WRITE}),  # lost-write too when its commit was acknowledged
+    (duplicate_output, {DUPLICATE}),
+    (tear_offsets, set()),
+]
+
+
+@QUICK
+@given(loop_steps, st.integers(0, 1 << 16), st.sampled_from(LOOP_MUTATIONS))
+def test_a_loop_mutation_is_reported(
+    program: list[int], pick: int, mutation: tuple[Mutation, set[str]]
+) -> None:
+    mutate, also = mutation
+    mutated = mutate(run_loop(program), pick)
+    assume(mutated is not None)
+    assert mutated is not None
+    report = check(mutated, [LOOP])
+    assert OUTPUT_MISMATCH in flagged(report), report.render()
+    assert flagged(report) <= {OUTPUT_MISMATCH} | also, report.render()
+
+
+@pytest.mark.slow
+@settings(QUICK, max_examples=2000)
+@given(loop_steps, st.integers(0, 1 << 16), st.sampled_from(LOOP_MUTATIONS))
+def test_a_loop_mutation_is_reported_long(
+    program: list[int], pick: int, mutation: tuple[Mutation, set[str]]
+) -> None:
+    test_a_loop_mutation_is_reported.hypothesis.inner_test(program, pick, mutation)  # type: ignore[attr-defined]
