@@ -41,10 +41,11 @@ Anomalies
     COMMIT markers are written with acks=all, so every record of the transaction is below the
     high watermark and committed; nothing may remove it (no retention in these tests).
 ``G1a`` (aborted read)
-    A ``read_committed`` poll returned a value whose writing transactions are all definitely not
-    committed; or a value that FC does not hold (anywhere in its partition) and that no
-    acknowledged-committed transaction wrote (so an aborted value — FU holds it but FC not — or
-    an unknown transaction's value that turned out aborted or vanished). Why:
+    A ``read_committed`` poll or FC returned a value whose writing transactions are all
+    definitely not committed; or a poll returned a value that FC does not hold (anywhere in its
+    partition) and that no acknowledged-committed transaction wrote (so an aborted value — FU
+    holds it but FC not — or an unknown transaction's value that turned out aborted or
+    vanished). Why:
     ``read_committed`` returns only records below the last stable offset whose transaction has
     a COMMIT marker; aborted records are filtered by the aborted-transaction index; and a
     transaction's fate, once its marker is written, never changes.
@@ -384,6 +385,14 @@ def _aborted_and_precommitted_reads(ix: _Index, report: Report) -> None:
                 )
                 entry[1].update((i, w))
                 entry[2].add(pos)
+    for v, at in sorted(ix.fc_at.items()):  # the final read is read_committed too
+        wrote = ix.writers.get(v, [])
+        if wrote and all(ix.txns[w].outcome == "fail" for w in wrote) and v not in g1a:
+            g1a[v] = (
+                "its transaction" + ("s" if len(wrote) > 1 else "") + " did not commit",
+                {ix.final_index, *wrote},
+                set(at),
+            )
     for name, found in ((G1A, g1a), (PRECOMMITTED_READ, early)):
         for v, (why, ops, positions) in sorted(found.items()):
             report.anomalies.append(

@@ -254,6 +254,18 @@ def test_g1a_aborted_read(end: EndKind | None, outcome: Outcome, in_final: bool)
     assert {w, p} <= set(a.ops)
 
 
+def test_g1a_an_aborted_transaction_committed_in_the_final_read() -> None:
+    b = Builder()
+    logs = base(b)
+    w = b.txn([(1, 5, 2)], end="abort")
+    logs[(T, 1)].append((2, 5, True))  # no read_committed session passed t/1/2
+    report = check(b.final(logs))
+    assert flagged(report) == {G1A}, report.render()
+    (a,) = report.of(G1A)
+    assert a.values == (5,)
+    assert a.ops == (w, len(b.ops) - 1)
+
+
 def test_an_unknown_commit_that_committed_reads_fine() -> None:
     b = Builder()
     logs = base(b)
@@ -806,6 +818,24 @@ def change_polled_value(history: History, pick: int) -> History | None:
     return History(tuple(ops))
 
 
+def commit_aborted_in_final(history: History, pick: int) -> History | None:
+    """The final read_committed read holds a value of a transaction that did not commit."""
+    failed = sorted(
+        (w.partition, w.value)
+        for op in history.ops
+        if isinstance(op, Txn) and op.outcome == "fail"
+        for w in op.writes
+    )
+    if not failed:
+        return None
+    partition, value = failed[pick % len(failed)]
+    parts = list(_final(history).partitions)
+    p = parts[partition]
+    slot = next(s for s in p.uncommitted if s[1] == value)
+    parts[partition] = replace(p, committed=tuple(sorted((*p.committed, slot))))
+    return _replace_final(history, partitions=tuple(parts))
+
+
 Mutation = Callable[[History, int], History | None]
 MUTATIONS: list[tuple[Mutation, str, set[str]]] = [
     # (mutation, the anomaly it must cause, anomalies it may cause as well)
@@ -814,6 +844,8 @@ MUTATIONS: list[tuple[Mutation, str, set[str]]] = [
     (reorder_poll, NONMONOTONIC_POLL, {POLL_SKIP}),  # b, a after x < a < b skips a
     (duplicate_value, DUPLICATE, set()),
     (precommit_poll, PRECOMMITTED_READ, set()),
+    # a read_committed session that passed over it now skipped a committed record
+    (commit_aborted_in_final, G1A, {POLL_SKIP}),
     # a changed read_committed value is no committed value (G1a); the true one may go unseen
     (change_polled_value, INCONSISTENT_OFFSETS, {G1A, UNSEEN}),
 ]
