@@ -215,16 +215,14 @@ class QuotaState:
         self._meters[key] = meter
         return meter
 
-    def owed(self, meter: Meter, now_ms: int | None = None) -> int:
+    def owed(self, meter: Meter) -> int:
         """How long the request must wait before it is served (ms): what remains of the
         throttle its caller's traffic earned, at most ``max_throttle_ms``."""
-        now = self.clock() if now_ms is None else now_ms
-        return min(self.sensors.owed(meter, now), self.config.throttle_cap_ms)
+        return min(self.sensors.owed(meter, self.clock()), self.config.throttle_cap_ms)
 
     def charge(self, meter: Meter, value: float, handler_ns: int) -> list[tuple[bytes, bytes]]:
         """Record the request (``value`` bytes; ``handler_ns`` of handler time); its answer's
-        throttle fields. (The gate's common path calls ``sensors.charge`` with the time it
-        read once for the request.)"""
+        throttle fields."""
         return self.sensors.charge(meter, value, handler_ns, self.clock())
 
     # -- byte rates and request time ---------------------------------------------------------

@@ -349,7 +349,7 @@ class SampledRate:
         # What a full pass over the samples found, valid until a sample could expire or the
         # current one rolls (``fresh_until``): the sum of the samples other than the current
         # one, and the oldest start. Most requests then read the rate in O(1): see
-        # :meth:`observe`, whose fast path RateSensor.observe inlines (it runs on every
+        # :meth:`observe`, whose fast path QuotaSensors.charge inlines (it runs on every
         # request under quota).
         self.others = 0.0
         self.oldest = 0
@@ -466,20 +466,7 @@ class RateSensor:
     ) -> tuple[int, float, int]:
         """:meth:`record`, also returning the window's total and span for the caller's
         ``remaining`` (one pass over the samples per request)."""
-        rate = self.rate
-        head = rate.head
-        size_ms = rate.window_size_ms
-        if now_ms < rate.fresh_until and head is not None and now_ms - head.start_ms < size_ms:
-            # SampledRate.observe's fast path, inlined: this runs twice on every request
-            # under quota, and a call is most of what it costs.
-            head.value += value
-            head.last_ms = now_ms
-            total = rate.others + head.value
-            window_ms = now_ms - rate.oldest
-            if window_ms < size_ms:
-                window_ms = size_ms
-        else:
-            total, window_ms = rate.observe(value, now_ms)
+        total, window_ms = self.rate.observe(value, now_ms)
         if limit == math.inf:
             return 0, total, window_ms
         throttle = 0
@@ -665,10 +652,6 @@ class Meter:
     policy_field: tuple[bytes, bytes] | None = None  # ("ratelimit-policy", its value)
     policy_quota: int = 0
     rate_limit_prefix: bytes = b""  # the RateLimit field's value up to ``r``'s number
-    # The last unthrottled RateLimit field and its ``r``: a caller that has used less than
-    # a window's worth of its quota in the span gets the policy's whole quota every time.
-    last_left: int = -1
-    last_rate_limit: tuple[bytes, bytes] = (b"", b"")
     time_limit: float = math.inf
     time_key: tuple[QuotaType, tuple[str, str]] = (QuotaType.REQUEST_PERCENTAGE, ("", ""))
     time_sensor: RateSensor | None = None
@@ -844,17 +827,10 @@ class QuotaSensors:
             fields.append(_NOT_THROTTLED)
         if policy is not None:
             fields.append(policy)
-            if byte_throttle == 0 and left_units == meter.last_left:
-                fields.append(meter.last_rate_limit)  # a caller well under quota: the same
-            else:
-                t = -(-byte_throttle // 1000)
-                rate_limit = (
-                    _RATE_LIMIT_FIELD,
-                    meter.rate_limit_prefix + b"%d;t=%d" % (left_units, t),
-                )
-                fields.append(rate_limit)
-                if byte_throttle == 0:
-                    meter.last_left, meter.last_rate_limit = left_units, rate_limit
+            t = -(-byte_throttle // 1000)
+            fields.append(
+                (_RATE_LIMIT_FIELD, meter.rate_limit_prefix + b"%d;t=%d" % (left_units, t))
+            )
         return fields
 
     def owed(self, meter: Meter, now_ms: int) -> int:
