@@ -135,6 +135,10 @@ def group(op: Operation, body: str = "") -> Rule:
     return Rule(Kind.RESOURCE, op, ResourceType.GROUP, "group", body)
 
 
+def txn(op: Operation, body: str = "") -> Rule:
+    return Rule(Kind.RESOURCE, op, ResourceType.TRANSACTIONAL_ID, "transactional_id", body)
+
+
 def cluster(op: Operation, body: str = "") -> Rule:
     return Rule(Kind.RESOURCE, op, ResourceType.CLUSTER, None, body)
 
@@ -177,6 +181,12 @@ TABLE: Final[dict[tuple[str, str], Rule]] = {
     ("GET", "/v1/groups"): authenticated("lists only groups the principal may describe"),
     ("GET", G): group(Op.DESCRIBE),
     ("DELETE", G): group(Op.DELETE),
+    ("POST", "/v1/transactions/{transactional_id}"): txn(Op.WRITE),
+    ("POST", "/v1/transactions/{transactional_id}/commit"): txn(Op.WRITE),
+    ("POST", "/v1/transactions/{transactional_id}/abort"): txn(
+        Op.WRITE, "without a producer session: an admin abort, ALTER on the cluster"
+    ),
+    ("GET", "/v1/transactions"): authenticated("lists only ids the principal may describe"),
     ("GET", "/v1/cluster"): AUTHENTICATED,  # brokers and their URLs: every client routes by it
     ("POST", "/v1/cluster/brokers/{broker_id}/drain"): cluster(Op.ALTER),
     ("POST", "/v1/users"): cluster(Op.ALTER),
@@ -317,6 +327,16 @@ def require(
     ):
         raise hidden_topic(resource.name)
     raise authorization_error(op, resource)
+
+
+def require_transactional(
+    security: Security | None, scope: Mapping[str, Any], transactional_id: str
+) -> None:
+    """Kafka's rule for a transactional producer's every call: WRITE on its transactional id
+    (a produce also needs WRITE on the topic, from the table)."""
+    require(
+        security, scope, Operation.WRITE, Resource(ResourceType.TRANSACTIONAL_ID, transactional_id)
+    )
 
 
 class Access:

@@ -14,6 +14,8 @@ from fastapi_offline import FastAPIOffline
 from cluster.broker import Broker, BrokerConfig
 from cluster.coordinator import Coordinator
 from cluster.replica_manager import FORWARD_HEADER_BYTES, ReplicationConfig
+from cluster.txn_coordinator import TxnCoordinator
+from cluster.txn_state import TxnConfig
 from core_log.datadir import DataDirLock
 
 from . import access, errors
@@ -26,7 +28,17 @@ from .params import NAME_PATTERN, UINT_PATTERN
 from .problems import PROBLEM_JSON
 from .proxy import Proxy
 from .quota_state import QuotaState, quota_config
-from .routes import cluster, groups, producers, quotas, records, security, topics, ws
+from .routes import (
+    cluster,
+    groups,
+    producers,
+    quotas,
+    records,
+    security,
+    topics,
+    transactions,
+    ws,
+)
 from .routes.common import errors as errors_doc
 from .schemas import FetchResponse, Problem
 from .security import Security
@@ -104,6 +116,7 @@ def create_fastapi(settings: Settings) -> FastAPI:
     app.include_router(topics.router)
     app.include_router(records.router)
     app.include_router(producers.router)
+    app.include_router(transactions.router)
     app.include_router(groups.router)
     app.include_router(ws.router)
     app.include_router(cluster.router)
@@ -305,11 +318,22 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         offsets_retention_ms=settings.offsets_retention_ms,
     )
     await coordinator.start()
+    transactions = TxnCoordinator(
+        broker,
+        partitions=settings.transaction_state_log_num_partitions,
+        config=TxnConfig(
+            transaction_max_timeout_ms=settings.transaction_max_timeout_ms,
+            transactional_id_expiration_ms=settings.transactional_id_expiration_ms,
+        ),
+        abort_interval_ms=settings.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+    )
+    await transactions.start()
     state = AppState(
         settings=settings,
         broker=broker,
         metrics=Metrics(broker, coordinator, budgets, quotas),
         coordinator=coordinator,
+        transactions=transactions,
         budgets=budgets,
         proxy=(
             Proxy(broker, settings.max_wait_ms, guard, peer_tls_context(settings))
@@ -336,6 +360,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         probe.stop()
         if state.proxy is not None:
             await state.proxy.close()
+        await transactions.close()
         await coordinator.close()
         await guard.stop()
         await broker.close()

@@ -21,7 +21,7 @@ from cluster.forwarding import ROUTES, direct_route
 from core_log.errors import ErrorCode, LogbusError
 
 from . import guard, quota_gate, records, streams
-from .access import Access
+from .access import Access, require_transactional
 from .budgets import RETRY_AFTER_S, BodyGuard, Budgets, ByteBudget, budget_exhausted
 from .guard import BrowserPolicy
 from .params import PARTITION_MAX
@@ -166,6 +166,10 @@ class FastPath:
                 limit = state.settings.max_request_bytes
                 if length is not None and length.isdigit() and int(length) > limit:
                     raise payload_too_large(limit)
+                if records.TRANSACTIONAL_ID_HEADER in headers:
+                    require_transactional(
+                        state.security, scope, headers[records.TRANSACTIONAL_ID_HEADER]
+                    )
                 reply = await records.produce(
                     state.broker,
                     state.settings,
@@ -174,6 +178,7 @@ class FastPath:
                     query,
                     headers,
                     body_chunks(receive),
+                    state.transactions,
                 )
             else:
                 assert partition is not None

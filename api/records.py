@@ -27,6 +27,8 @@ import orjson
 
 from cluster.broker import Acks, Broker, check_readable
 from cluster.partitioner import partition_for_key
+from cluster.txn_coordinator import TxnCoordinator
+from cluster.txn_state import validate_transactional_id
 from core_log.batch import (
     HEADER_BYTES,
     BatchHeader,
@@ -106,14 +108,18 @@ async def produce(
     query: Mapping[str, str],
     headers: Mapping[str, str],
     body: Body,
+    transactions: TxnCoordinator | None = None,
 ) -> Reply:
     """Produce the request body. ``headers`` needs Content-Type and may carry a producer
-    session (Logbus-Producer-Id, Logbus-Producer-Epoch, Logbus-Sequence) for idempotence."""
+    session (Logbus-Producer-Id, Logbus-Producer-Epoch, Logbus-Sequence) for idempotence, and
+    with it Logbus-Transactional-Id to write in that producer's transaction (the caller has
+    checked WRITE on the transactional id)."""
     acks = Acks.parse(query.get("acks"))
     kind = media_type(headers.get("content-type"))
     if kind not in PRODUCE_TYPES:  # no type is refused too: a browser's no-cors POST has none
         raise unsupported_media_type(kind or "(none)", PRODUCE_TYPES)
     producer = producer_session(headers)
+    txn = _transaction_of(headers, producer, kind, acks, partition, transactions)
     meta = broker.topic(topic)  # 404 before reading the body
     if partition is not None:
         broker.check_partition(topic, partition)
@@ -137,7 +143,7 @@ async def produce(
         raw = await read_body(body, settings.max_request_bytes)
         parsed = [(None, octets_record(raw, headers, now))]
     if producer is not None:
-        return await _produce_idempotent(broker, topic, partition, acks, parsed, producer)
+        return await _produce_idempotent(broker, topic, partition, acks, parsed, producer, txn)
     return await _produce_parsed(broker, topic, partition, acks, parsed, meta.partitions)
 
 
@@ -254,6 +260,7 @@ def _one_batch(
     producer_id: int,
     producer_epoch: int,
     base_sequence: int,
+    is_transactional: bool = False,
 ) -> bytes:
     """All ``records`` in one batch (an idempotent request is one batch per partition)."""
     data = build_batch(
@@ -261,6 +268,7 @@ def _one_batch(
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
+        is_transactional=is_transactional,
     )
     if len(data) > max_message_bytes:
         raise RecordTooLargeError(
@@ -283,6 +291,41 @@ _PRODUCER_HEADERS = (
     ("logbus-producer-epoch", 0, 2**15 - 1),
     ("logbus-sequence", 0, 2**31 - 1),
 )
+
+
+TRANSACTIONAL_ID_HEADER = "logbus-transactional-id"
+
+
+def _transaction_of(
+    headers: Mapping[str, str],
+    producer: ProducerSession | None,
+    kind: str,
+    acks: Acks,
+    partition: int | None,
+    transactions: TxnCoordinator | None,
+) -> tuple[str, TxnCoordinator] | None:
+    """The transaction a produce writes in (Logbus-Transactional-Id), checked before the body
+    is read; None for an ordinary produce."""
+    txn_id = headers.get(TRANSACTIONAL_ID_HEADER)
+    if txn_id is None:
+        return None
+    validate_transactional_id(txn_id)
+    if producer is None:
+        raise bad_request(
+            "a transactional produce carries the session of POST /v1/transactions/{id}: "
+            "Logbus-Producer-Id, Logbus-Producer-Epoch and Logbus-Sequence"
+        )
+    if kind == BATCH or headers.get("idempotency-key") is not None:
+        raise bad_request("a transactional produce sends JSON, NDJSON or one octet-stream value")
+    if partition is None:
+        raise bad_request(
+            "a transactional produce needs a partition path: sequences are counted per partition"
+        )
+    if acks is not Acks.ALL:
+        raise bad_request("a transactional produce is acks=all (anything less could lose a commit)")
+    if transactions is None:
+        raise LogbusError("transactions are not served here", code=ErrorCode.INVALID_REQUEST)
+    return txn_id, transactions
 
 
 def producer_session(headers: Mapping[str, str]) -> ProducerSession | None:
@@ -308,9 +351,13 @@ async def _produce_idempotent(
     acks: Acks,
     parsed: list[tuple[int | None, Record]],
     producer: ProducerSession,
+    txn: tuple[str, TxnCoordinator] | None = None,
 ) -> Reply:
     """One batch with the producer's id, epoch and base sequence (sequences are per partition,
-    as in Kafka). A retry of one of the last 5 answers with the original offsets."""
+    as in Kafka). A retry of one of the last 5 answers with the original offsets. In a
+    transaction (``txn``) the coordinator adds the partition first — it refuses a fenced or
+    unknown producer, so no write joins a transaction it does not know — and the batch is
+    transactional."""
     if partition is None:
         raise bad_request(
             "idempotent produce needs a partition path: sequences are counted per partition"
@@ -325,8 +372,14 @@ async def _produce_idempotent(
         producer_id=producer.producer_id,
         producer_epoch=producer.producer_epoch,
         base_sequence=producer.base_sequence,
+        is_transactional=txn is not None,
     )
-    result = await broker.append(topic, partition, data, acks)
+    if txn is not None:
+        txn_id, transactions = txn
+        await transactions.add_partitions(
+            txn_id, producer.producer_id, producer.producer_epoch, [(topic, partition)]
+        )
+    result = await broker.append(topic, partition, data, acks, transactional=txn is not None)
     offsets = [
         {"partition": partition, "offset": result.base_offset + i} for i in range(len(records))
     ]

@@ -425,3 +425,93 @@ class FetchResponse(BaseModel):
     high_watermark: int
     log_start_offset: int
     lag: int
+
+
+# -- transactions ---------------------------------------------------------------------------------
+
+
+class TxnBegin(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{}, {"transaction_timeout_ms": 30000}]}
+    )
+    transaction_timeout_ms: JsonInt = Field(
+        default=60_000,
+        ge=1,
+        le=2**31 - 1,
+        description="an open transaction older than this is aborted by the coordinator "
+        "(Kafka's transaction.timeout.ms; at most the broker's transaction.max.timeout.ms)",
+    )
+
+
+class TxnSession(BaseModel):
+    """The producer session a transaction's calls carry."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"producer_id": 4021, "producer_epoch": 3}]},
+    )
+    producer_id: JsonInt = Field(ge=0, le=2**63 - 1)
+    producer_epoch: JsonInt = Field(ge=0, le=2**15 - 1)
+
+
+class TxnAbort(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"producer_id": 4021, "producer_epoch": 3}, {}]},
+    )
+    producer_id: JsonInt | None = Field(default=None, ge=0, le=2**63 - 1)
+    producer_epoch: JsonInt | None = Field(
+        default=None,
+        ge=0,
+        le=2**15 - 1,
+        description="omit both to abort as an admin whatever is open (ALTER on the cluster)",
+    )
+
+
+class TxnPublic(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "transactional_id": "orders-app-1",
+                    "producer_id": 4021,
+                    "producer_epoch": 4,
+                    "completed": True,
+                }
+            ]
+        }
+    )
+    transactional_id: str
+    producer_id: int = Field(description="the session for the next transaction")
+    producer_epoch: int = Field(description="bumped at every commit and abort (KIP-890)")
+    completed: bool = Field(
+        default=True,
+        description="false: the decision is durable but some markers are still written",
+    )
+
+
+class TxnPartitions(BaseModel):
+    topic: str
+    partitions: list[int]
+
+
+class TxnDescribed(BaseModel):
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str = Field(
+        description="empty, ongoing, prepare_commit, prepare_abort, complete_commit, complete_abort"
+    )
+    timeout_ms: int
+    start_ms: int | None
+    duration_ms: int
+    partitions: list[TxnPartitions]
+    groups: list[str]
+
+
+class TxnList(BaseModel):
+    transactions: list[TxnDescribed]
+    unavailable: list[int] = Field(
+        description="__transaction_state partitions whose coordinator did not answer: their "
+        "transactions are missing from the list"
+    )

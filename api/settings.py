@@ -99,6 +99,13 @@ class Settings(BaseSettings):
     idempotency_window_ms: int = 86_400_000  # how long an Idempotency-Key is remembered
     offsets_topic_partitions: int = 4  # __consumer_offsets, fixed when the topic is created
     offsets_retention_ms: int = 7 * 86_400_000  # offsets of a group empty this long expire
+    # __transaction_state (cluster.txn_coordinator): partitions fixed at creation (Kafka: 50;
+    # 4 like the offsets topic, each partition is a log and a replica to fetch), Kafka's
+    # transaction.max.timeout.ms, transactional.id.expiration.ms and the abort task's interval.
+    transaction_state_log_num_partitions: int = 4
+    transaction_max_timeout_ms: int = 900_000
+    transactional_id_expiration_ms: int = 7 * 86_400_000
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
     max_ws_message_bytes: int = 8 * 1024 * 1024  # a client's WebSocket message (produce)
     # permessage-deflate costs 2.3-2.7x the CPU of binary push and gains nothing on a LAN;
     # browsers offer it always, so it is off unless asked for.

@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 
 from cluster.broker import Broker
 from cluster.coordinator import Coordinator
+from cluster.txn_coordinator import TxnCoordinator
 from core_log.errors import LogbusError
 
 from .budgets import Budgets
@@ -25,6 +26,7 @@ class AppState:
     broker: Broker
     metrics: Metrics
     coordinator: Coordinator
+    transactions: TxnCoordinator
     budgets: Budgets
     proxy: Proxy | None = None  # in a cluster: group and admin calls other brokers answer
     quotas: QuotaState = field(default_factory=QuotaState)  # client quotas (api.quota_gate)

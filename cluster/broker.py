@@ -24,7 +24,7 @@ import enum
 import re
 import uuid
 import zlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -192,6 +192,11 @@ class Broker:
         self.broker_epoch = 0
         self._topics: dict[str, TopicMeta] = {}
         self._producer_epochs: dict[int, int] = {}  # named producers: latest epoch handed out
+        # Coordinator operations by name (:meth:`coordinator_call`) and listeners of the
+        # markers committed on partitions led here (:meth:`write_marker`); in a cluster both
+        # live on the partition service, which answers other brokers too.
+        self.coordinator_ops: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {}
+        self.marker_listeners: list[Callable[[str, int, int, bool], None]] = []
         self.logs = LogManager(
             config.data_dir,
             clock=self.clock,
@@ -257,6 +262,8 @@ class Broker:
         self.replicas.on_topics_changed.append(self._topics_changed)
         self.replicas.on_roles_changed.append(self._roles_changed)
         service = PartitionService(self.replicas)
+        service.coordinator_ops = self.coordinator_ops  # shared: registered on the broker
+        service.marker_listeners = self.marker_listeners
         for path in FORWARDED_PATHS:
             self.replicas.handlers[path] = service.handle
         self.forwarder = Forwarder(self.replicas, service)
@@ -659,6 +666,12 @@ class Broker:
             self._producer_epochs[pid] = epoch
         return pid, epoch
 
+    def note_producer_epoch(self, producer_id: int, epoch: int) -> None:
+        """The transaction coordinator handed out (or loaded) ``epoch`` for ``producer_id``:
+        older epochs of it are fenced here from now on, as for a named producer."""
+        if epoch > self._producer_epochs.get(producer_id, -1):
+            self._producer_epochs[producer_id] = epoch
+
     async def idempotency_session(self, key: str, digest: str) -> tuple[int, bool]:
         """The producer id that stands for ``key`` (see api.records) and whether this call
         claimed the key; 422 if the key was used with another request."""
@@ -820,10 +833,13 @@ class Broker:
         *,
         internal: bool = False,
         direct: bool | None = None,
+        transactional: bool = False,
     ) -> AppendResult:
         """Append batches; clients may not write to internal topics (``internal`` is for the
         broker's own writers). In a cluster, a partition led elsewhere is forwarded to its
-        leader, or refused with 421 naming it when the client routes itself (``direct``)."""
+        leader, or refused with 421 naming it when the client routes itself (``direct``).
+        ``transactional``: the batches may be transactional (the caller added the partition to
+        the producer's transaction at its coordinator first)."""
         if not internal:
             _check_not_internal(topic)
         if self.replicas is not None and self.forwarder is not None:
@@ -833,10 +849,14 @@ class Broker:
             try:
                 if direct or self.leads(topic, partition):
                     return await self.replicas.append(
-                        topic, partition, data, wait_for_isr=acks is Acks.ALL
+                        topic,
+                        partition,
+                        data,
+                        wait_for_isr=acks is Acks.ALL,
+                        transactional=transactional,
                     )
                 return await self.forwarder.append(
-                    topic, partition, data, acks_all=acks is Acks.ALL
+                    topic, partition, data, acks_all=acks is Acks.ALL, transactional=transactional
                 )
             except LogbusError as e:
                 if direct or e.code is not ErrorCode.NOT_LEADER_OR_FOLLOWER:
@@ -844,7 +864,47 @@ class Broker:
                 raise _leadership_moved(topic, partition, e) from e
         p = self.partition(topic, partition)
         self._check_not_fenced(data)
-        return await p.append(data, leader_epoch=0, durable=acks is Acks.ALL)
+        return await p.append(
+            data, leader_epoch=0, durable=acks is Acks.ALL, transactional=transactional
+        )
+
+    async def write_marker(
+        self,
+        topic: str,
+        partition: int,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+    ) -> AppendResult:
+        """A transaction coordinator's COMMIT/ABORT marker on the partition, through its
+        leader wherever it is, acknowledged once committed (acks=all); the leader's
+        :attr:`marker_listeners` hear it (the group coordinator applies a transaction's
+        offsets on its ``__consumer_offsets`` partition)."""
+        self.check_partition(topic, partition)
+        if self.forwarder is not None:
+            return await self.forwarder.append_marker(
+                topic, partition, producer_id, producer_epoch, commit, coordinator_epoch
+            )
+        result = await self.partition(topic, partition).append_marker(
+            producer_id, producer_epoch, commit, coordinator_epoch, durable=True
+        )
+        for listener in self.marker_listeners:
+            listener(topic, partition, producer_id, commit)
+        return result
+
+    async def coordinator_call(
+        self, topic: str, partition: int, op: str, header: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Run coordinator operation ``op`` on the leader of ``topic``-``partition`` (a
+        coordinator's state partition): here, or over the brokers' link."""
+        if self.forwarder is not None:
+            return await self.forwarder.coordinator_call(topic, partition, op, header)
+        self.check_partition(topic, partition)
+        handler = self.coordinator_ops.get(op)
+        if handler is None:
+            raise LogbusError(f"no coordinator op {op!r}", code=ErrorCode.INVALID_REQUEST)
+        return await handler({"topic": topic, "partition": partition, "op": op, **header})
 
     def _check_not_fenced(self, data: bytes | memoryview) -> None:
         """A re-initialised named producer fences its older sessions on every partition at

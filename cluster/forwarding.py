@@ -8,13 +8,16 @@ leader instead (:meth:`ReplicaManager.leader_of`).
 
 Theory of operation
 -------------------
-* **Wire.** Three internal paths on the replication listener, each a 4-byte length, a JSON
-  header and raw bytes (:func:`cluster.replica_wire.frame`): ``/partition/produce`` (header:
-  topic, partition, acks; then the record batches as the client's broker built them, byte for
-  byte), ``/partition/read`` (offset, max bytes, an optional long-poll: the answer carries the
-  batches and the leader's high watermark, log start and log end), and
-  ``/partition/offset-for-timestamp``. Errors travel as their code, message and detail and are
-  raised again on the forwarding broker, so the client gets the leader's answer.
+* **Wire.** Internal paths on the replication listener, each a 4-byte length, a JSON header
+  and raw bytes (:func:`cluster.replica_wire.frame`): ``/partition/produce`` (header: topic,
+  partition, acks, whether the batches are transactional; then the record batches as the
+  client's broker built them, byte for byte), ``/partition/read`` (offset, max bytes, an
+  optional long-poll: the answer carries the batches and the leader's high watermark, log start
+  and log end), ``/partition/offset-for-timestamp``, ``/partition/marker`` (a transaction
+  coordinator's COMMIT/ABORT marker, acknowledged once committed) and ``/coordinator/call`` (an
+  operation for the coordinator on the leader of a state partition: the transaction coordinator,
+  or a group's offsets in a transaction). Errors travel as their code, message and detail and
+  are raised again on the forwarding broker, so the client gets the leader's answer.
 * **Produce.** Batches keep their producer id and sequence, so the leader deduplicates an
   idempotent producer's retry as if the client had sent it directly. A forward that fails
   before the leader appended (the leader moved: ``NOT_LEADER_OR_FOLLOWER`` from the leadership
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Protocol
 
@@ -48,7 +52,12 @@ from .replication import NO_LEADER
 PRODUCE_PATH = "/partition/produce"
 READ_PATH = "/partition/read"
 TIMESTAMP_PATH = "/partition/offset-for-timestamp"
-PATHS = (PRODUCE_PATH, READ_PATH, TIMESTAMP_PATH)
+MARKER_PATH = "/partition/marker"
+# A call for a coordinator (transactions, a group's offsets in a transaction), routed to the
+# leader of the coordinator's state partition: header ``op`` names the handler registered in
+# :attr:`PartitionService.coordinator_ops`.
+COORDINATOR_PATH = "/coordinator/call"
+PATHS = (PRODUCE_PATH, READ_PATH, TIMESTAMP_PATH, MARKER_PATH, COORDINATOR_PATH)
 CONTENT_TYPE = "application/vnd.logbus.partition"
 # A forward the leader refused because it no longer leads is retried against the leader named
 # by fresh metadata; three attempts ride out one election without looping on a stale store.
@@ -145,6 +154,12 @@ class PartitionService:
 
     def __init__(self, replicas: ReplicaManager) -> None:
         self.replicas = replicas
+        # op -> handler(header) -> answer header, for COORDINATOR_PATH (registered by the
+        # transaction and group coordinators).
+        self.coordinator_ops: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {}
+        # Called after a marker is committed here as the leader: (topic, partition, producer
+        # id, commit); the group coordinator applies or drops a transaction's offsets.
+        self.marker_listeners: list[Callable[[str, int, int, bool], None]] = []
 
     async def handle(self, request: H2Request) -> H2Response:
         try:
@@ -179,13 +194,40 @@ class PartitionService:
             return await self._read(topic, partition, header)
         if path == TIMESTAMP_PATH:
             return await self._offset_for_timestamp(topic, partition, header), b""
+        if path == MARKER_PATH:
+            return await self.marker(topic, partition, header), b""
+        if path == COORDINATOR_PATH:
+            self.replicas.leader_of(topic, partition)  # not leading: the caller asks the leader
+            handler = self.coordinator_ops.get(str(header["op"]))
+            if handler is None:
+                raise ValueError(f"no coordinator op {header['op']!r}")
+            return await handler(header), b""
         raise ValueError(f"no such path {path!r}")
+
+    async def marker(self, topic: str, partition: int, header: dict[str, Any]) -> dict[str, Any]:
+        """Append a transaction marker as the leader (acks=all), then tell the listeners."""
+        pid, commit = int(header["producer_id"]), bool(header["commit"])
+        result = await self.replicas.append_marker(
+            topic,
+            partition,
+            pid,
+            int(header["producer_epoch"]),
+            commit,
+            int(header["coordinator_epoch"]),
+        )
+        for listener in self.marker_listeners:
+            listener(topic, partition, pid, commit)
+        return {"result": dataclasses.asdict(result)}
 
     async def _produce(
         self, topic: str, partition: int, header: dict[str, Any], payload: memoryview
     ) -> dict[str, Any]:
         result = await self.replicas.append(
-            topic, partition, payload, wait_for_isr=bool(header["acks_all"])
+            topic,
+            partition,
+            payload,
+            wait_for_isr=bool(header["acks_all"]),
+            transactional=bool(header.get("transactional", False)),
         )
         return {"result": dataclasses.asdict(result)}
 
@@ -292,12 +334,45 @@ class Forwarder:
         raise error
 
     async def append(
-        self, topic: str, partition: int, data: bytes | memoryview, *, acks_all: bool
+        self,
+        topic: str,
+        partition: int,
+        data: bytes | memoryview,
+        *,
+        acks_all: bool,
+        transactional: bool = False,
     ) -> AppendResult:
-        answer, _ = await self.call(
-            topic, partition, PRODUCE_PATH, {"acks_all": acks_all}, bytes(data)
-        )
+        header: dict[str, Any] = {"acks_all": acks_all}
+        if transactional:  # the forwarding broker checked the transaction with its coordinator
+            header["transactional"] = True
+        answer, _ = await self.call(topic, partition, PRODUCE_PATH, header, bytes(data))
         return AppendResult(**answer["result"])
+
+    async def append_marker(
+        self,
+        topic: str,
+        partition: int,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+    ) -> AppendResult:
+        """A transaction marker on the partition's leader (here or there), acks=all."""
+        header = {
+            "producer_id": producer_id,
+            "producer_epoch": producer_epoch,
+            "commit": commit,
+            "coordinator_epoch": coordinator_epoch,
+        }
+        answer, _ = await self.call(topic, partition, MARKER_PATH, header)
+        return AppendResult(**answer["result"])
+
+    async def coordinator_call(
+        self, topic: str, partition: int, op: str, header: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A coordinator operation on the leader of its state partition ``topic``-``partition``."""
+        answer, _ = await self.call(topic, partition, COORDINATOR_PATH, {"op": op, **header})
+        return answer
 
     def remote(self, topic: str, partition: int) -> RemotePartition:
         """The one reader of a partition led elsewhere (it keeps the last state seen)."""

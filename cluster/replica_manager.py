@@ -424,7 +424,13 @@ class ReplicaManager:
         return following.partition if following is not None else None
 
     async def append(
-        self, topic: str, partition: int, data: bytes | memoryview, *, wait_for_isr: bool
+        self,
+        topic: str,
+        partition: int,
+        data: bytes | memoryview,
+        *,
+        wait_for_isr: bool,
+        transactional: bool = False,
     ) -> AppendResult:
         leading = self.leader_of(topic, partition)
         replica = leading.replica
@@ -436,7 +442,10 @@ class ReplicaManager:
                 isr=list(replica.isr),
             )
         result = await leading.partition.append(
-            data, leader_epoch=replica.leader_epoch, durable=leading.fsync and wait_for_isr
+            data,
+            leader_epoch=replica.leader_epoch,
+            durable=leading.fsync and wait_for_isr,
+            transactional=transactional,
         )
         if not result.duplicate:
             leading.appended(result.base_offset, result.size_bytes)
@@ -444,6 +453,40 @@ class ReplicaManager:
         self._advance(leading)
         if wait_for_isr:  # a duplicate too: the first attempt may have timed out uncommitted
             await self._wait_committed(leading, result.last_offset + 1)
+        return result
+
+    async def append_marker(
+        self,
+        topic: str,
+        partition: int,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+    ) -> AppendResult:
+        """Append a transaction marker as the leader, acknowledged like ``acks=all``: the
+        coordinator completes a transaction only once every marker is committed."""
+        leading = self.leader_of(topic, partition)
+        replica = leading.replica
+        if not replica.enough_replicas:
+            raise LogbusError(
+                f"{topic}-{partition} has {len(replica.isr)} in-sync replicas, fewer than "
+                f"min.insync.replicas={replica.min_insync_replicas}",
+                code=ErrorCode.NOT_ENOUGH_REPLICAS,
+                isr=list(replica.isr),
+            )
+        result = await leading.partition.append_marker(
+            producer_id,
+            producer_epoch,
+            commit,
+            coordinator_epoch,
+            leader_epoch=replica.leader_epoch,
+            durable=leading.fsync,
+        )
+        leading.appended(result.base_offset, result.size_bytes)
+        self._wake_fetches()
+        self._advance(leading)
+        await self._wait_committed(leading, result.last_offset + 1)
         return result
 
     async def _wait_committed(self, leading: Leading, offset: int) -> None:

@@ -93,7 +93,7 @@ MAX_EPOCH = 2**15 - 1  # int16 in the batch header: markers may reach it, client
 MAX_PARTITIONS_PER_TXN = 10_000  # 49 kB of record for one topic, 2.5 MB at worst; Kafka: none
 MAX_GROUPS_PER_TXN = 1_000
 MAX_TRANSACTIONAL_IDS = 100_000  # per coordinator; a new id past it is refused (retriable)
-MAX_TRANSACTIONAL_ID_CHARS = 255
+MAX_TRANSACTIONAL_ID_CHARS = 249  # as topic and group names (and POST /v1/producers)
 MAX_EXPIRED_PER_CALL = 1_000  # expire() hands out at most this many writes per call
 RECORD_VERSION = 1
 NO_PRODUCER_ID = -1
@@ -111,7 +111,7 @@ def txn_state_partition(transactional_id: str, partitions: int = TXN_STATE_PARTI
 
 
 def validate_transactional_id(transactional_id: object) -> str:
-    """``transactional_id`` itself if it is 1..255 of ``[a-zA-Z0-9._-]``; else raise
+    """``transactional_id`` itself if it is 1..249 of ``[a-zA-Z0-9._-]``; else raise
     :class:`LogbusError` INVALID_REQUEST (400)."""
     if (
         not isinstance(transactional_id, str)

@@ -26,5 +26,8 @@ async def init_producer(
     if body.transactional_id is not None:  # Kafka: WRITE on the transactional id
         resource = Resource(ResourceType.TRANSACTIONAL_ID, body.transactional_id)
         require(state.security, request.scope, Operation.WRITE, resource)
-    pid, epoch = await broker.init_producer(body.transactional_id)
+        # The transaction coordinator owns a transactional id's producer id and epoch.
+        pid, epoch = await state.transactions.init_producer(body.transactional_id)
+        return ProducerPublic(producer_id=pid, producer_epoch=epoch)
+    pid, epoch = await broker.init_producer(None)
     return ProducerPublic(producer_id=pid, producer_epoch=epoch)

@@ -17,7 +17,7 @@ from auth_quotas.acl import Resource, ResourceType
 from core_log.errors import LogbusError
 
 from .. import records, streams
-from ..access import identity_of
+from ..access import identity_of, require_transactional
 from ..params import OFFSET_MAX, Digits, PartitionPath
 from ..schemas import FetchResponse, ProduceResponse
 from ..state import AppState, StateDep
@@ -221,6 +221,10 @@ async def produce_partition_records(
 async def _produce(
     state: AppState, request: Request, topic: str, partition: int | None
 ) -> Response:
+    if records.TRANSACTIONAL_ID_HEADER in request.headers:
+        require_transactional(
+            state.security, request.scope, request.headers[records.TRANSACTIONAL_ID_HEADER]
+        )
     call = records.produce(
         state.broker,
         state.settings,
@@ -229,6 +233,7 @@ async def _produce(
         request.query_params,
         request.headers,
         request.stream(),
+        state.transactions,
     )
     return await _serve(state, "produce", "POST", topic, call)
 

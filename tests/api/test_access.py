@@ -117,6 +117,10 @@ RECORDS = {"records": [{"value": 1}]}
 QUOTA = {"producer_byte_rate": 1048576}
 
 
+TX = "/v1/transactions/{transactional_id}"
+SESSION = {"producer_id": 0, "producer_epoch": 0}
+
+
 def _samples() -> dict[tuple[str, str], Sample]:
     n = next(_n)
     acl = {"principal": f"User:x{n}", "resource_type": "topic", "name": "a", "operation": "read"}
@@ -146,6 +150,10 @@ def _samples() -> dict[tuple[str, str], Sample]:
         ("GET", "/v1/groups"): ({}, "", None, []),
         ("GET", access.G): ({}, "", None, []),
         ("DELETE", access.G): ({}, "", None, []),
+        ("POST", TX): ({}, "", {}, []),
+        ("POST", TX + "/commit"): ({}, "", SESSION, []),
+        ("POST", TX + "/abort"): ({}, "", SESSION, []),
+        ("GET", "/v1/transactions"): ({}, "", None, []),
         ("GET", "/v1/cluster"): ({}, "", None, []),
         ("POST", "/v1/cluster/brokers/{broker_id}/drain"): ({}, "", None, []),
         ("POST", "/v1/users"): ({}, "", {"name": f"u{n}"}, []),
@@ -181,6 +189,7 @@ PARAMS = {
     "broker_id": "1",
     "user": "bob",
     "key_id": "0123456789abcdef",
+    "transactional_id": "tx",
 }
 # Authenticated routes whose body names a resource: denied without an ACL for it.
 BODY_DENIED = {("POST", "/v1/topics"), ("POST", "/v1/tokens")}

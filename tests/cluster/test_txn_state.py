@@ -137,12 +137,12 @@ def test_partition_of_a_transactional_id() -> None:
     assert {txn_state_partition(f"t{i}") for i in range(2000)} == set(range(50))
 
 
-@pytest.mark.parametrize("good", ["a", "A.b_c-9", "x" * 255])
+@pytest.mark.parametrize("good", ["a", "A.b_c-9", "x" * 249])
 def test_valid_transactional_ids(good: str) -> None:
     assert validate_transactional_id(good) == good
 
 
-@pytest.mark.parametrize("bad", ["", "x" * 256, "a b", "a/b", "é", None, 5])
+@pytest.mark.parametrize("bad", ["", "x" * 250, "a b", "a/b", "é", None, 5])
 def test_invalid_transactional_ids(bad: object) -> None:
     with pytest.raises(LogbusError) as e:
         validate_transactional_id(bad)

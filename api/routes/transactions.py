@@ -1,0 +1,123 @@
+"""Transactions (KIP-98 over HTTP): a session per transactional id, commit, abort, admin list.
+
+A client begins a session (``POST /v1/transactions/{id}``: producer id and epoch, fencing any
+older session of the id), produces to partitions with ``Logbus-Transactional-Id`` and its
+session headers (the broker adds each partition to the transaction at the coordinator before
+it appends), then commits or aborts; the answer carries the epoch of its next transaction
+(the epoch is bumped at every end: KIP-890). See docs/transactions.md.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from auth_quotas.acl import CLUSTER, Operation, Resource, ResourceType
+from cluster.txn_state import TxnState
+from core_log.errors import ErrorCode, LogbusError
+
+from ..access import identity_of, require, require_transactional
+from ..schemas import TxnAbort, TxnBegin, TxnDescribed, TxnList, TxnPublic, TxnSession
+from ..state import StateDep
+from .common import errors
+
+router = APIRouter(prefix="/v1/transactions", tags=["transactions"])
+
+_STATES = [
+    s.name.lower() for s in TxnState if s not in (TxnState.DEAD, TxnState.PREPARE_EPOCH_FENCE)
+]
+
+
+@router.post(
+    "/{transactional_id}",
+    status_code=201,
+    summary="Begin a transactional producer session: producer id and epoch; fences older ones",
+    responses=errors(400, 403, 409, 503),
+)
+async def begin(
+    transactional_id: str, request: Request, state: StateDep, body: TxnBegin | None = None
+) -> TxnPublic:
+    require_transactional(state.security, request.scope, transactional_id)
+    timeout_ms = (body or TxnBegin()).transaction_timeout_ms
+    pid, epoch = await state.transactions.init_producer(transactional_id, timeout_ms)
+    return TxnPublic(transactional_id=transactional_id, producer_id=pid, producer_epoch=epoch)
+
+
+async def _end(
+    transactional_id: str, request: Request, state: StateDep, session: TxnSession, commit: bool
+) -> TxnPublic:
+    require_transactional(state.security, request.scope, transactional_id)
+    answer = await state.transactions.end(
+        transactional_id, session.producer_id, session.producer_epoch, commit
+    )
+    return TxnPublic(transactional_id=transactional_id, **answer)
+
+
+@router.post(
+    "/{transactional_id}/commit",
+    summary="Commit the open transaction: every partition's records become visible together",
+    responses=errors(400, 403, 409, 503),
+)
+async def commit(
+    transactional_id: str, request: Request, state: StateDep, body: TxnSession
+) -> TxnPublic:
+    return await _end(transactional_id, request, state, body, True)
+
+
+@router.post(
+    "/{transactional_id}/abort",
+    summary="Abort the open transaction (with no session: an admin abort of a hanging one)",
+    responses=errors(400, 403, 404, 409, 503),
+)
+async def abort(
+    transactional_id: str, request: Request, state: StateDep, body: TxnAbort | None = None
+) -> TxnPublic:
+    body = body or TxnAbort()
+    if body.producer_id is None and body.producer_epoch is None:
+        require(state.security, request.scope, Operation.ALTER, CLUSTER)
+        answer = await state.transactions.admin_abort(transactional_id)
+        return TxnPublic(transactional_id=transactional_id, **answer)
+    if body.producer_id is None or body.producer_epoch is None:
+        raise LogbusError(
+            "send producer_id and producer_epoch together (or neither, for an admin abort)",
+            code=ErrorCode.INVALID_REQUEST,
+        )
+    session = TxnSession(producer_id=body.producer_id, producer_epoch=body.producer_epoch)
+    return await _end(transactional_id, request, state, session, False)
+
+
+@router.get(
+    "",
+    summary="List transactions (the hanging ones: state=ongoing&min_duration_ms=...)",
+    responses=errors(400, 403),
+)
+async def list_transactions(
+    request: Request,
+    state: StateDep,
+    states: Annotated[
+        list[str] | None, Query(alias="state", description=f"any of {', '.join(_STATES)}")
+    ] = None,
+    min_duration_ms: Annotated[int, Query(ge=0, le=2**62)] = 0,
+) -> TxnList:
+    if states is not None:
+        unknown = sorted(set(states) - set(_STATES))
+        if unknown:
+            raise LogbusError(
+                f"unknown state {unknown[0]!r}: one of {', '.join(_STATES)}",
+                code=ErrorCode.INVALID_REQUEST,
+            )
+    listed, unavailable = await state.transactions.list_transactions(states, min_duration_ms)
+    security = state.security
+    if security is not None and security.enabled:
+        who = identity_of(request.scope)
+        listed = [
+            t
+            for t in listed
+            if security.allowed(
+                who,
+                Operation.DESCRIBE,
+                Resource(ResourceType.TRANSACTIONAL_ID, t["transactional_id"]),
+            )
+        ]
+    return TxnList(transactions=[TxnDescribed(**t) for t in listed], unavailable=unavailable)

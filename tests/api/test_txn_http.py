@@ -1,0 +1,209 @@
+"""Transactions over HTTP on one broker, in-process: begin, produce in the transaction to
+several partitions, commit or abort, and what read_committed and read_uncommitted readers see;
+fencing (a newer session, the epoch bump at every end), timeouts, the admin list and abort."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.api.inprocess import app_client
+
+TXN = "/v1/transactions"
+
+
+async def begin(c: httpx.AsyncClient, txn_id: str, **body: Any) -> tuple[int, int]:
+    r = await c.post(f"{TXN}/{txn_id}", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["producer_id"], r.json()["producer_epoch"]
+
+
+async def produce(
+    c: httpx.AsyncClient,
+    txn_id: str,
+    session: tuple[int, int],
+    topic: str,
+    partition: int,
+    values: list[Any],
+    seq: int = 0,
+) -> httpx.Response:
+    return await c.post(
+        f"/v1/topics/{topic}/partitions/{partition}/records",
+        json={"records": [{"value": v} for v in values]},
+        headers={
+            "Logbus-Transactional-Id": txn_id,
+            "Logbus-Producer-Id": str(session[0]),
+            "Logbus-Producer-Epoch": str(session[1]),
+            "Logbus-Sequence": str(seq),
+        },
+    )
+
+
+async def end(
+    c: httpx.AsyncClient, txn_id: str, session: tuple[int, int], how: str = "commit"
+) -> httpx.Response:
+    return await c.post(
+        f"{TXN}/{txn_id}/{how}",
+        json={"producer_id": session[0], "producer_epoch": session[1]},
+    )
+
+
+async def values(
+    c: httpx.AsyncClient, topic: str, partition: int, isolation: str = "read_committed"
+) -> list[Any]:
+    r = await c.get(
+        f"/v1/topics/{topic}/partitions/{partition}/records",
+        params={"offset": 0, "isolation": isolation},
+    )
+    assert r.status_code == 200, r.text
+    return [rec["value"] for rec in r.json()["records"]]
+
+
+async def topic(c: httpx.AsyncClient, name: str, partitions: int = 2) -> None:
+    r = await c.post("/v1/topics", json={"name": name, "partitions": partitions})
+    assert r.status_code == 201, r.text
+
+
+def test_commit_and_abort_across_partitions(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with app_client(tmp_path / "d") as (c, _):
+            await topic(c, "a")
+            await topic(c, "b", 1)
+            s = await begin(c, "app-1")
+            for t, p in (("a", 0), ("a", 1), ("b", 0)):
+                r = await produce(c, "app-1", s, t, p, [f"{t}{p}-x", f"{t}{p}-y"])
+                assert r.status_code == 200, r.text
+            # open: read_uncommitted sees it, read_committed does not
+            assert await values(c, "a", 0, "read_uncommitted") == ["a0-x", "a0-y"]
+            assert await values(c, "a", 0) == []
+            r = await end(c, "app-1", s)
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            assert doc["completed"] is True
+            nxt = (doc["producer_id"], doc["producer_epoch"])
+            assert nxt == (s[0], s[1] + 1)  # KIP-890: the epoch is bumped at every end
+            for t, p in (("a", 0), ("a", 1), ("b", 0)):
+                assert await values(c, t, p) == [f"{t}{p}-x", f"{t}{p}-y"]
+            # the next transaction runs at the new epoch; aborted, nobody committed sees it
+            r = await produce(c, "app-1", nxt, "a", 0, ["gone"])
+            assert r.status_code == 200, r.text
+            r = await produce(c, "app-1", nxt, "b", 0, ["gone-too"])
+            assert r.status_code == 200, r.text
+            r = await end(c, "app-1", nxt, "abort")
+            assert r.status_code == 200, r.text
+            assert await values(c, "a", 0) == ["a0-x", "a0-y"]
+            assert await values(c, "b", 0) == ["b0-x", "b0-y"]
+            assert await values(c, "a", 0, "read_uncommitted") == ["a0-x", "a0-y", "gone"]
+
+    asyncio.run(main())
+
+
+def test_stale_epochs_are_fenced(tmp_path: Path) -> None:
+    """A produce or a commit with the epoch of an ended transaction neither joins nor decides
+    the next one (KAFKA-17754); a newer session fences the older one."""
+
+    async def main() -> None:
+        async with app_client(tmp_path / "d") as (c, _):
+            await topic(c, "a")
+            s1 = await begin(c, "app")
+            assert (await produce(c, "app", s1, "a", 0, ["t1"])).status_code == 200
+            r = await end(c, "app", s1)
+            s2 = (r.json()["producer_id"], r.json()["producer_epoch"])
+            again = await end(c, "app", s1)  # a retry of t1's commit: the same answer
+            assert again.status_code == 200 and again.json() == r.json()
+            assert (await produce(c, "app", s2, "a", 1, ["t2"])).status_code == 200
+            # delayed writes and a delayed commit of transaction 1, once t2 has begun
+            late = await produce(c, "app", s1, "a", 1, ["late"], seq=1)
+            assert late.status_code == 409 and late.json()["code"] == "PRODUCER_FENCED"
+            late_commit = await end(c, "app", s1)
+            assert late_commit.status_code == 409
+            assert late_commit.json()["code"] == "PRODUCER_FENCED"
+            assert await values(c, "a", 1) == []  # t2 is still open: not committed by it
+            # a new session fences s2: its transaction is aborted, its calls refused
+            s3 = await begin(c, "app")
+            assert s3[0] == s2[0] and s3[1] > s2[1]
+            r = await end(c, "app", s2)
+            assert r.status_code == 409 and r.json()["code"] == "PRODUCER_FENCED"
+            assert await values(c, "a", 1) == []
+            assert await values(c, "a", 1, "read_uncommitted") == ["t2"]
+
+    asyncio.run(main())
+
+
+def test_bad_requests_change_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with app_client(tmp_path / "d") as (c, _):
+            await topic(c, "a")
+            s = await begin(c, "app")
+            bad_id = await c.post(f"{TXN}/a%20b")
+            assert bad_id.status_code == 400
+            r = await c.post(f"{TXN}/x", json={"transaction_timeout_ms": 900_001})
+            assert r.status_code == 400 and r.json()["code"] == "INVALID_TRANSACTION_TIMEOUT"
+            # a transactional produce needs a session, a partition path, acks=all
+            r = await c.post(
+                "/v1/topics/a/records",
+                json={"records": [{"value": 1}]},
+                headers={"Logbus-Transactional-Id": "app"},
+            )
+            assert r.status_code == 400
+            r = await c.post(
+                "/v1/topics/a/partitions/0/records?acks=1",
+                json={"records": [{"value": 1}]},
+                headers={
+                    "Logbus-Transactional-Id": "app",
+                    "Logbus-Producer-Id": str(s[0]),
+                    "Logbus-Producer-Epoch": str(s[1]),
+                    "Logbus-Sequence": "0",
+                },
+            )
+            assert r.status_code == 400
+            # a session that is not the id's
+            r = await produce(c, "app", (s[0] + 1000, 0), "a", 0, ["x"])
+            assert r.status_code == 409 and r.json()["code"] == "INVALID_PRODUCER_ID_MAPPING"
+            r = await produce(c, "never-begun", s, "a", 0, ["x"])
+            assert r.status_code == 409, r.text
+            # commit with nothing open
+            r = await end(c, "app", s)
+            assert r.status_code == 409 and r.json()["code"] == "INVALID_TXN_STATE"
+            assert await values(c, "a", 0, "read_uncommitted") == []
+
+    asyncio.run(main())
+
+
+def test_timeout_aborts_and_admin_lists_and_aborts(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with app_client(
+            tmp_path / "d", transaction_abort_timed_out_transaction_cleanup_interval_ms=3_600_000
+        ) as (c, state):
+            await topic(c, "a")
+            s = await begin(c, "slow", transaction_timeout_ms=1)
+            assert (await produce(c, "slow", s, "a", 0, ["x"])).status_code == 200
+            h = await begin(c, "hang")
+            assert (await produce(c, "hang", h, "a", 1, ["y"])).status_code == 200
+            r = await c.get(TXN, params={"state": "ongoing"})
+            assert r.status_code == 200, r.text
+            listed = {t["transactional_id"]: t for t in r.json()["transactions"]}
+            assert set(listed) == {"slow", "hang"}
+            assert listed["hang"]["partitions"] == [{"topic": "a", "partitions": [1]}]
+            # the timeout task (run now rather than after its interval) aborts "slow" only
+            await asyncio.sleep(0.01)  # past the 1 ms timeout on the real clock
+            assert await state.transactions.expire_now() >= 1
+            r = await end(c, "slow", s)
+            assert r.status_code == 409 and r.json()["code"] == "PRODUCER_FENCED"
+            # an admin aborts the hanging one
+            r = await c.post(f"{TXN}/hang/abort")
+            assert r.status_code == 200, r.text
+            r = await c.get(TXN, params={"state": "ongoing"})
+            assert r.json()["transactions"] == []
+            assert await values(c, "a", 0) == [] and await values(c, "a", 1) == []
+            # an LSO no longer held back: a plain record after them is visible
+            r = await c.post("/v1/topics/a/partitions/0/records", json={"records": [{"value": 9}]})
+            assert r.status_code == 200
+            assert await values(c, "a", 0) == [9]
+            bad = await c.get(TXN, params={"state": "nope"})
+            assert bad.status_code == 400
+
+    asyncio.run(main())
