@@ -186,7 +186,14 @@ TABLE: Final[dict[tuple[str, str], Rule]] = {
     ("POST", "/v1/transactions/{transactional_id}/abort"): txn(
         Op.WRITE, "without a producer session: an admin abort, ALTER on the cluster"
     ),
+    ("POST", "/v1/transactions/{transactional_id}/offsets"): txn(
+        Op.WRITE, "READ on the group and on every topic committed"
+    ),
     ("GET", "/v1/transactions"): authenticated("lists only ids the principal may describe"),
+    ("POST", "/v1/transactions"): authenticated(
+        "WRITE on the transactional id and on every topic written; READ on the group and the "
+        "topics of its offsets"
+    ),
     ("GET", "/v1/cluster"): AUTHENTICATED,  # brokers and their URLs: every client routes by it
     ("POST", "/v1/cluster/brokers/{broker_id}/drain"): cluster(Op.ALTER),
     ("POST", "/v1/users"): cluster(Op.ALTER),

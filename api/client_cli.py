@@ -93,7 +93,8 @@ class CliError(Exception):
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``topics``, ``groups``, ``produce``, ``consume`` and ``bench`` on ``logbus``."""
+    """Register ``topics``, ``groups``, ``transactions``, ``produce``, ``consume``, the
+    security commands and ``bench`` on ``logbus``."""
     conn = argparse.ArgumentParser(add_help=False)
     add_connection_options(conn)
     as_json = argparse.ArgumentParser(add_help=False)
@@ -103,6 +104,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     from .groups_cli import add_groups
 
     add_groups(sub, [conn, as_json])
+    from .transactions_cli import add_transactions
+
+    add_transactions(sub, [conn, as_json])
     _add_produce(sub, [conn])
     _add_consume(sub, [conn])
     from .security_cli import add_security

@@ -431,7 +431,7 @@ async def _produce_parsed(
     sticky = broker.sticky.next_partition(partition_count)
     groups, placement = _route(broker, topic, partition, parsed, sticky)
     max_message_bytes = broker.log_config(topic).max_message_bytes
-    payloads = {p: _build_batches(rs, max_message_bytes) for p, rs in groups.items()}
+    payloads = {p: build_batches(rs, max_message_bytes) for p, rs in groups.items()}
     results = await asyncio.gather(
         *(broker.append(topic, p, data, acks) for p, data in payloads.items())
     )
@@ -483,7 +483,7 @@ def _produce_reply(acks: Acks, offsets: list[dict[str, int]], count: int, size: 
     return Reply(200, orjson.dumps({"offsets": offsets}), records=count, size_bytes=size)
 
 
-def _build_batches(records: list[Record], max_message_bytes: int) -> bytes:
+def build_batches(records: list[Record], max_message_bytes: int) -> bytes:
     """Records → batches of about TARGET_BATCH_BYTES, back to back; checked against the limit.
 
     The split is by record count from the request's average record size (one pass in C via

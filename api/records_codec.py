@@ -128,7 +128,7 @@ def check_utf8(text: bytes, what: str) -> None:
         raise bad_request(f"{what} is not UTF-8 (byte {e.start})") from None
 
 
-def _decode_failed(e: Exception, what: str) -> LogbusError:
+def decode_failed(e: Exception, what: str) -> LogbusError:
     if isinstance(e, RecursionError):
         return bad_request(f"{what}: JSON nested too deeply")
     if isinstance(e, UnicodeDecodeError):
@@ -137,7 +137,7 @@ def _decode_failed(e: Exception, what: str) -> LogbusError:
     return _invalid(e, what)
 
 
-_DECODE_ERRORS = (msgspec.MsgspecError, RecursionError, UnicodeDecodeError)
+DECODE_ERRORS = (msgspec.MsgspecError, RecursionError, UnicodeDecodeError)
 
 
 def parse_json_body(body: bytes, max_records: int, now_ms: int) -> list[tuple[int | None, Record]]:
@@ -145,8 +145,8 @@ def parse_json_body(body: bytes, max_records: int, now_ms: int) -> list[tuple[in
     check_utf8(body, "the body")
     try:
         records = _BODY.decode(body).records
-    except _DECODE_ERRORS as e:
-        raise _decode_failed(e, 'body (it must be {"records": [...]})') from None
+    except DECODE_ERRORS as e:
+        raise decode_failed(e, 'body (it must be {"records": [...]})') from None
     if not records:
         raise bad_request("no records in the request")
     if len(records) > max_records:
@@ -165,13 +165,13 @@ def parse_ndjson_lines(
     try:
         check_utf8(joined, "the body")
         decoded = _LINES.decode_lines(joined)
-    except (*_DECODE_ERRORS, LogbusError):
+    except (*DECODE_ERRORS, LogbusError):
         for line_no, line in numbered:  # the error path only: find the first bad line
             try:
                 check_utf8(line, f"line {line_no}")
                 _LINES.decode(line)
-            except _DECODE_ERRORS as e:
-                raise _decode_failed(e, f"record on line {line_no}") from None
+            except DECODE_ERRORS as e:
+                raise decode_failed(e, f"record on line {line_no}") from None
         raise  # every line decodes alone: a bug, not bad input
     return [
         to_record(r, now_ms, "line %d", line_no)

@@ -509,9 +509,81 @@ class TxnDescribed(BaseModel):
     groups: list[str]
 
 
+_TXN_LISTED: dict[str, Any] = {
+    "transactional_id": "orders-app-1",
+    "producer_id": 4021,
+    "producer_epoch": 3,
+    "state": "ongoing",
+    "timeout_ms": 60000,
+    "start_ms": 1764180000000,
+    "duration_ms": 91250,
+    "partitions": [{"topic": "orders", "partitions": [0, 2]}],
+    "groups": ["billing"],
+}
+
+
 class TxnList(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"transactions": [_TXN_LISTED], "unavailable": []}]}
+    )
     transactions: list[TxnDescribed]
     unavailable: list[int] = Field(
         description="__transaction_state partitions whose coordinator did not answer: their "
         "transactions are missing from the list"
     )
+
+
+class TxnOffset(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    topic: NameStr
+    partition: JsonInt = Field(ge=0, le=2**31 - 1)
+    offset: JsonInt = Field(ge=0, le=2**63 - 1, description="the next offset to consume")
+    metadata: str = Field(default="", max_length=4096)
+
+
+class TxnOffsets(TxnSession):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "producer_id": 4021,
+                    "producer_epoch": 3,
+                    "group_id": "etl",
+                    "offsets": [{"topic": "raw", "partition": 0, "offset": 42}],
+                }
+            ]
+        },
+    )
+    group_id: NameStr
+    offsets: list[TxnOffset] = Field(min_length=1, max_length=10_000)
+    member_id: str | None = Field(
+        default=None, description="the member committing (checked like a group commit)"
+    )
+    generation: JsonInt | None = Field(default=None, ge=0, le=2**31 - 1)
+
+
+class TxnRecordOffset(BaseModel):
+    topic: str
+    partition: int
+    offset: int
+
+
+class TxnCommitted(TxnPublic):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "transactional_id": "orders-etl",
+                    "producer_id": 4022,
+                    "producer_epoch": 1,
+                    "completed": True,
+                    "offsets": [
+                        {"topic": "orders", "partition": 1, "offset": 310},
+                        {"topic": "audit", "partition": 0, "offset": 77},
+                    ],
+                }
+            ]
+        }
+    )
+    offsets: list[TxnRecordOffset] = Field(description="each record's offset, in request order")

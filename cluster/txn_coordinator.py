@@ -294,20 +294,49 @@ class TxnCoordinator:
         up to :data:`CALL_RETRY_S` while the coordinator moves, loads or completes the id's
         previous transaction."""
         validate_transactional_id(transactional_id)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + CALL_RETRY_S
-        backoff = CALL_BACKOFF_S[0]
-        while True:
+        header = {"transactional_id": transactional_id, **args}
+
+        async def attempt() -> dict[str, Any]:
+            p = txn_state_partition(transactional_id, self._partition_count())
+            return await self.broker.coordinator_call(TXN_STATE_TOPIC, p, op, header)
+
+        return await _retrying(attempt)
+
+    async def send_offsets(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        group_id: str,
+        offsets: dict[tuple[str, int], tuple[int, str]],
+        *,
+        member_id: str | None = None,
+        generation: int | None = None,
+    ) -> None:
+        """Kafka's sendOffsetsToTransaction: the group joins the transaction (its offsets
+        partition gets a marker at the end), then its coordinator writes the offsets as the
+        producer's transactional records, applied only by a COMMIT marker."""
+        await self.add_offsets(transactional_id, producer_id, producer_epoch, group_id)
+        header = {
+            "group_id": group_id,
+            "producer_id": producer_id,
+            "producer_epoch": producer_epoch,
+            "offsets": [[t, p, o, m] for (t, p), (o, m) in sorted(offsets.items())],
+            "member_id": member_id,
+            "generation": generation,
+        }
+
+        async def attempt() -> dict[str, Any]:
             try:
-                p = txn_state_partition(transactional_id, self._partition_count())
-                return await self.broker.coordinator_call(
-                    TXN_STATE_TOPIC, p, op, {"transactional_id": transactional_id, **args}
-                )
-            except LogbusError as e:
-                if e.code not in _RETRIED or loop.time() + backoff > deadline:
-                    raise
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, CALL_BACKOFF_S[1])
+                n = self.broker.topic(OFFSETS_TOPIC).partitions
+            except LogbusError:
+                raise LogbusError(
+                    f"{OFFSETS_TOPIC} does not exist yet", code=ErrorCode.COORDINATOR_NOT_AVAILABLE
+                ) from None
+            p = offsets_partition(group_id, n)
+            return await self.broker.coordinator_call(OFFSETS_TOPIC, p, "group.txn_offsets", header)
+
+        await _retrying(attempt)
 
     async def init_producer(
         self, transactional_id: str, timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
@@ -673,6 +702,22 @@ class TxnCoordinator:
         if slot is None or slot.state is None:
             return None
         return slot.state.transactions.get(transactional_id)
+
+
+async def _retrying(attempt: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """``attempt()``, again with backoff for up to :data:`CALL_RETRY_S` while it fails with a
+    retriable coordinator error (:data:`_RETRIED`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CALL_RETRY_S
+    backoff = CALL_BACKOFF_S[0]
+    while True:
+        try:
+            return await attempt()
+        except LogbusError as e:
+            if e.code not in _RETRIED or loop.time() + backoff > deadline:
+                raise
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, CALL_BACKOFF_S[1])
 
 
 def describe(m: TxnMetadata, now_ms: int) -> dict[str, Any]:

@@ -806,13 +806,22 @@ def restamp(buf: bytes | memoryview, timestamp: int, pos: int = 0) -> bytes:
 
 
 def with_producer(
-    buf: bytes | memoryview, producer_id: int, producer_epoch: int, base_sequence: int
+    buf: bytes | memoryview,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    *,
+    transactional: bool = False,
 ) -> bytes:
-    """The (non-idempotent) batch in ``buf`` stamped with producer fields and re-signed; the
-    records are not touched."""
+    """The (non-idempotent) batch in ``buf`` stamped with producer fields (and the
+    transactional attribute) and re-signed; the records are not touched."""
     h = parse_header(buf)
     body = bytes(memoryview(buf)[RECORDS_OFFSET : h.size_bytes])
     producer = replace(
-        h, producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence
+        h,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        attributes=h.attributes | TRANSACTIONAL_MASK if transactional else h.attributes,
     )
     return resign(producer, body)

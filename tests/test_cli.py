@@ -406,6 +406,45 @@ def test_groups_list_describe_reset_delete(server: BrokerProcess, http: httpx.Cl
     assert http.get("/v1/groups/ops").status_code == 404
 
 
+def test_transactions_list_and_abort(server: BrokerProcess, http: httpx.Client) -> None:
+    """``logbus transactions list`` finds a hanging transaction; ``abort`` ends it (its data is
+    never visible at read_committed) and fences its producer."""
+    assert http.post("/v1/topics", json={"name": "tx-cli", "partitions": 1}).status_code == 201
+    session = http.post("/v1/transactions/hanging-app", json={}).json()
+    r = http.post(
+        "/v1/topics/tx-cli/partitions/0/records",
+        json={"records": [{"value": "never"}]},
+        headers={
+            "Logbus-Transactional-Id": "hanging-app",
+            "Logbus-Producer-Id": str(session["producer_id"]),
+            "Logbus-Producer-Epoch": str(session["producer_epoch"]),
+            "Logbus-Sequence": "0",
+        },
+    )
+    assert r.status_code == 200, r.text
+    listed = ok(logbus(server, "transactions", "list", "--state", "ongoing"))
+    assert re.search(r"hanging-app\s+ongoing\s+\d+\s+0\s+\d+\s+1", listed.stdout), listed.stdout
+    as_json = json.loads(ok(logbus(server, "transactions", "list", "--json")).stdout)
+    assert "hanging-app" in {t["transactional_id"] for t in as_json["transactions"]}
+    aborted = ok(logbus(server, "transactions", "abort", "hanging-app"))
+    assert "aborted the transaction of hanging-app" in aborted.stdout
+    assert (
+        "no transactions" in ok(logbus(server, "transactions", "list", "--state", "ongoing")).stdout
+    )
+    fetched = http.get(
+        "/v1/topics/tx-cli/partitions/0/records",
+        params={"offset": 0, "isolation": "read_committed"},
+    ).json()
+    assert fetched["records"] == []
+    commit = http.post(
+        "/v1/transactions/hanging-app/commit",
+        json={"producer_id": session["producer_id"], "producer_epoch": session["producer_epoch"]},
+    )
+    assert commit.status_code == 409 and commit.json()["code"] == "PRODUCER_FENCED"
+    again = logbus(server, "transactions", "abort", "hanging-app")
+    assert again.returncode == 1 and "INVALID_TXN_STATE" in again.stderr
+
+
 def test_topics_and_groups_pass_over_a_dead_and_a_silent_broker(
     server: BrokerProcess, http: httpx.Client
 ) -> None:

@@ -9,7 +9,7 @@ it appends), then commits or aborts; the answer carries the epoch of its next tr
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
@@ -17,8 +17,18 @@ from auth_quotas.acl import CLUSTER, Operation, Resource, ResourceType
 from cluster.txn_state import TxnState
 from core_log.errors import ErrorCode, LogbusError
 
+from .. import transactions as single
 from ..access import identity_of, require, require_transactional
-from ..schemas import TxnAbort, TxnBegin, TxnDescribed, TxnList, TxnPublic, TxnSession
+from ..schemas import (
+    TxnAbort,
+    TxnBegin,
+    TxnCommitted,
+    TxnDescribed,
+    TxnList,
+    TxnOffsets,
+    TxnPublic,
+    TxnSession,
+)
 from ..state import StateDep
 from .common import errors
 
@@ -36,10 +46,10 @@ _STATES = [
     responses=errors(400, 403, 409, 503),
 )
 async def begin(
-    transactional_id: str, request: Request, state: StateDep, body: TxnBegin | None = None
+    transactional_id: str, request: Request, state: StateDep, body: TxnBegin
 ) -> TxnPublic:
     require_transactional(state.security, request.scope, transactional_id)
-    timeout_ms = (body or TxnBegin()).transaction_timeout_ms
+    timeout_ms = body.transaction_timeout_ms
     pid, epoch = await state.transactions.init_producer(transactional_id, timeout_ms)
     return TxnPublic(transactional_id=transactional_id, producer_id=pid, producer_epoch=epoch)
 
@@ -71,9 +81,8 @@ async def commit(
     responses=errors(400, 403, 404, 409, 503),
 )
 async def abort(
-    transactional_id: str, request: Request, state: StateDep, body: TxnAbort | None = None
+    transactional_id: str, request: Request, state: StateDep, body: TxnAbort
 ) -> TxnPublic:
-    body = body or TxnAbort()
     if body.producer_id is None and body.producer_epoch is None:
         require(state.security, request.scope, Operation.ALTER, CLUSTER)
         answer = await state.transactions.admin_abort(transactional_id)
@@ -121,3 +130,107 @@ async def list_transactions(
             )
         ]
     return TxnList(transactions=[TxnDescribed(**t) for t in listed], unavailable=unavailable)
+
+
+@router.post(
+    "/{transactional_id}/offsets",
+    summary="Add a consumer group's offsets to the open transaction (committed with it)",
+    responses=errors(400, 403, 404, 409, 503),
+)
+async def send_offsets(
+    transactional_id: str, request: Request, state: StateDep, body: TxnOffsets
+) -> dict[str, str]:
+    require_transactional(state.security, request.scope, transactional_id)
+    group = Resource(ResourceType.GROUP, body.group_id)
+    require(state.security, request.scope, Operation.READ, group)  # Kafka: READ on the group
+    for o in body.offsets:
+        require(
+            state.security, request.scope, Operation.READ, Resource(ResourceType.TOPIC, o.topic)
+        )
+    offsets = {(o.topic, o.partition): (o.offset, o.metadata) for o in body.offsets}
+    if len(offsets) != len(body.offsets):
+        raise LogbusError("a partition is named twice", code=ErrorCode.INVALID_REQUEST)
+    await state.transactions.send_offsets(
+        transactional_id,
+        body.producer_id,
+        body.producer_epoch,
+        body.group_id,
+        offsets,
+        member_id=body.member_id,
+        generation=body.generation,
+    )
+    return {}
+
+
+_SINGLE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["transactional_id"],
+                    "properties": {
+                        "transactional_id": {"type": "string"},
+                        "transaction_timeout_ms": {"type": "integer", "default": 60000},
+                        "records": {
+                            "type": "array",
+                            "description": "records as in a produce, each with its topic "
+                            "(and optionally partition, key, headers, timestamp)",
+                            "items": {
+                                "type": "object",
+                                "required": ["topic"],
+                                "properties": {
+                                    "topic": {"type": "string"},
+                                    "partition": {"type": "integer"},
+                                    "key": {"type": ["string", "null"]},
+                                    "value": {"description": "any JSON; null = tombstone"},
+                                },
+                            },
+                        },
+                        "offsets": {
+                            "type": "object",
+                            "description": "a group's offsets committed with the records",
+                            "properties": {
+                                "group_id": {"type": "string"},
+                                "offsets": {"type": "array", "items": {"type": "object"}},
+                            },
+                        },
+                    },
+                },
+                "example": {
+                    "transactional_id": "orders-etl",
+                    "records": [
+                        {"topic": "orders", "key": "o-1", "value": {"total": 12}},
+                        {"topic": "audit", "value": "o-1 placed"},
+                    ],
+                    "offsets": {
+                        "group_id": "etl",
+                        "offsets": [{"topic": "raw", "partition": 0, "offset": 42}],
+                    },
+                },
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "",
+    summary="Write records to several partitions (and a group's offsets) in one transaction",
+    openapi_extra=_SINGLE_BODY,
+    responses=errors(400, 403, 404, 409, 413, 503),
+)
+async def single_request(request: Request, state: StateDep) -> TxnCommitted:
+    req = single.parse(state.broker, state.settings, await request.body())
+    require_transactional(state.security, request.scope, req.transactional_id)
+    for topic in req.topics():
+        require(state.security, request.scope, Operation.WRITE, Resource(ResourceType.TOPIC, topic))
+    if req.offsets is not None:
+        group = Resource(ResourceType.GROUP, req.offsets.group_id)
+        require(state.security, request.scope, Operation.READ, group)
+        for topic in sorted({o.topic for o in req.offsets.offsets}):
+            require(
+                state.security, request.scope, Operation.READ, Resource(ResourceType.TOPIC, topic)
+            )
+    return TxnCommitted(**await single.run(state.broker, state.transactions, req))

@@ -154,6 +154,22 @@ def _samples() -> dict[tuple[str, str], Sample]:
         ("POST", TX + "/commit"): ({}, "", SESSION, []),
         ("POST", TX + "/abort"): ({}, "", SESSION, []),
         ("GET", "/v1/transactions"): ({}, "", None, []),
+        ("POST", TX + "/offsets"): (
+            {},
+            "",
+            {
+                **SESSION,
+                "group_id": "g",
+                "offsets": [{"topic": TOPIC, "partition": 0, "offset": 0}],
+            },
+            [("read", "group", "g"), ("read", "topic", TOPIC)],
+        ),
+        ("POST", "/v1/transactions"): (
+            {},
+            "",
+            {"transactional_id": "tx", "records": [{"topic": TOPIC, "value": 1}]},
+            [("write", "transactional_id", "tx"), ("write", "topic", TOPIC)],
+        ),
         ("GET", "/v1/cluster"): ({}, "", None, []),
         ("POST", "/v1/cluster/brokers/{broker_id}/drain"): ({}, "", None, []),
         ("POST", "/v1/users"): ({}, "", {"name": f"u{n}"}, []),
@@ -192,7 +208,7 @@ PARAMS = {
     "transactional_id": "tx",
 }
 # Authenticated routes whose body names a resource: denied without an ACL for it.
-BODY_DENIED = {("POST", "/v1/topics"), ("POST", "/v1/tokens")}
+BODY_DENIED = {("POST", "/v1/topics"), ("POST", "/v1/tokens"), ("POST", "/v1/transactions")}
 
 
 def _routes(routes: list[BaseRoute], prefix: str = "") -> Iterator[tuple[str, str]]:

@@ -16,7 +16,7 @@ TXN = "/v1/transactions"
 
 
 async def begin(c: httpx.AsyncClient, txn_id: str, **body: Any) -> tuple[int, int]:
-    r = await c.post(f"{TXN}/{txn_id}", json=body)
+    r = await c.post(f"{TXN}/{txn_id}", json=body)  # {} takes the defaults
     assert r.status_code == 201, r.text
     return r.json()["producer_id"], r.json()["producer_epoch"]
 
@@ -138,7 +138,7 @@ def test_bad_requests_change_nothing(tmp_path: Path) -> None:
         async with app_client(tmp_path / "d") as (c, _):
             await topic(c, "a")
             s = await begin(c, "app")
-            bad_id = await c.post(f"{TXN}/a%20b")
+            bad_id = await c.post(f"{TXN}/a%20b", json={})
             assert bad_id.status_code == 400
             r = await c.post(f"{TXN}/x", json={"transaction_timeout_ms": 900_001})
             assert r.status_code == 400 and r.json()["code"] == "INVALID_TRANSACTION_TIMEOUT"
@@ -194,7 +194,7 @@ def test_timeout_aborts_and_admin_lists_and_aborts(tmp_path: Path) -> None:
             r = await end(c, "slow", s)
             assert r.status_code == 409 and r.json()["code"] == "PRODUCER_FENCED"
             # an admin aborts the hanging one
-            r = await c.post(f"{TXN}/hang/abort")
+            r = await c.post(f"{TXN}/hang/abort", json={})
             assert r.status_code == 200, r.text
             r = await c.get(TXN, params={"state": "ongoing"})
             assert r.json()["transactions"] == []
@@ -205,5 +205,52 @@ def test_timeout_aborts_and_admin_lists_and_aborts(tmp_path: Path) -> None:
             assert await values(c, "a", 0) == [9]
             bad = await c.get(TXN, params={"state": "nope"})
             assert bad.status_code == 400
+
+    asyncio.run(main())
+
+
+def test_single_request_commits_everything_or_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with app_client(tmp_path / "d") as (c, _):
+            await topic(c, "a")
+            await topic(c, "b", 1)
+            body = {
+                "transactional_id": "one-shot",
+                "records": [
+                    {"topic": "a", "partition": 1, "value": "a1"},
+                    {"topic": "b", "key": "k", "value": "b0"},
+                    {"topic": "a", "partition": 1, "value": "a1-2"},
+                    {"topic": "a", "partition": 0, "value": {"n": 1}},
+                ],
+            }
+            r = await c.post(TXN, json=body)
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            assert doc["completed"] is True
+            assert [(o["topic"], o["partition"], o["offset"]) for o in doc["offsets"]] == [
+                ("a", 1, 0),
+                ("b", 0, 0),
+                ("a", 1, 1),
+                ("a", 0, 0),
+            ]
+            assert await values(c, "a", 1) == ["a1", "a1-2"]
+            assert await values(c, "b", 0) == ["b0"]
+            assert await values(c, "a", 0) == [{"n": 1}]
+            # again: a second transaction (its own session), offsets after the first's marker
+            r = await c.post(TXN, json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["offsets"][0]["offset"] == 3
+            # bad input anywhere in the body writes nothing anywhere
+            for bad, status in (
+                ({**body, "records": [*body["records"], {"topic": "nope", "value": 1}]}, 404),
+                ({**body, "records": [*body["records"], {"value": 1}]}, 400),
+                ({**body, "records": [{"topic": "a", "partition": 9, "value": 1}]}, 404),
+                ({**body, "transactional_id": "a b"}, 400),
+                ({"transactional_id": "x"}, 400),
+                ({**body, "extra": 1}, 400),
+            ):
+                r = await c.post(TXN, json=bad)
+                assert r.status_code == status, (bad, r.text)
+            assert len(await values(c, "a", 1, "read_uncommitted")) == 4
 
     asyncio.run(main())
