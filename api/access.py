@@ -182,6 +182,7 @@ TABLE: Final[dict[tuple[str, str], Rule]] = {
     ("GET", G): group(Op.DESCRIBE),
     ("DELETE", G): group(Op.DELETE),
     ("POST", "/v1/transactions/{transactional_id}"): txn(Op.WRITE),
+    ("GET", "/v1/transactions/{transactional_id}"): txn(Op.DESCRIBE),
     ("POST", "/v1/transactions/{transactional_id}/commit"): txn(Op.WRITE),
     ("POST", "/v1/transactions/{transactional_id}/abort"): txn(
         Op.WRITE, "without a producer session: an admin abort, ALTER on the cluster"

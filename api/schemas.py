@@ -44,6 +44,7 @@ _PARTITION_EXAMPLE: JsonDict = {
     "log_start_offset": 0,
     "high_watermark": 42,
     "log_end_offset": 42,
+    "last_stable_offset": 42,
     "unclean_elections": 0,
     "adding_replicas": [],
     "removing_replicas": [],
@@ -96,6 +97,11 @@ class PartitionPublic(BaseModel):
     log_start_offset: int = Field(description="the leader's; -1 when it cannot be reached")
     high_watermark: int = Field(description="the leader's; -1 when it cannot be reached")
     log_end_offset: int = Field(description="the leader's; -1 when it cannot be reached")
+    last_stable_offset: int = Field(
+        default=-1,
+        description="the leader's: where read_committed readers stop (the first offset of a "
+        "transaction still open, else the high watermark); -1 when it cannot be reached",
+    )
     local_replica: ReplicaPublic | None = Field(
         None, description="this broker's replica, if it holds one"
     )
@@ -495,20 +501,6 @@ class TxnPartitions(BaseModel):
     partitions: list[int]
 
 
-class TxnDescribed(BaseModel):
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    state: str = Field(
-        description="empty, ongoing, prepare_commit, prepare_abort, complete_commit, complete_abort"
-    )
-    timeout_ms: int
-    start_ms: int | None
-    duration_ms: int
-    partitions: list[TxnPartitions]
-    groups: list[str]
-
-
 _TXN_LISTED: dict[str, Any] = {
     "transactional_id": "orders-app-1",
     "producer_id": 4021,
@@ -520,6 +512,21 @@ _TXN_LISTED: dict[str, Any] = {
     "partitions": [{"topic": "orders", "partitions": [0, 2]}],
     "groups": ["billing"],
 }
+
+
+class TxnDescribed(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [_TXN_LISTED]})
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str = Field(
+        description="empty, ongoing, prepare_commit, prepare_abort, complete_commit, complete_abort"
+    )
+    timeout_ms: int
+    start_ms: int | None
+    duration_ms: int
+    partitions: list[TxnPartitions]
+    groups: list[str]
 
 
 class TxnList(BaseModel):

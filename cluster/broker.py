@@ -795,15 +795,16 @@ class Broker:
 
     async def leader_offsets(
         self, topic: str, partitions: list[int]
-    ) -> list[tuple[int, int, int] | None]:
-        """(log start, high watermark, log end) of each partition as its leader has them;
-        None for one whose leader cannot answer within :data:`DESCRIBE_TIMEOUT_S`."""
+    ) -> list[tuple[int, int, int, int] | None]:
+        """(log start, high watermark, log end, last stable offset) of each partition as its
+        leader has them; None for one whose leader cannot answer within
+        :data:`DESCRIBE_TIMEOUT_S`."""
         limit = asyncio.Semaphore(DESCRIBE_CONCURRENCY)
 
-        async def one(partition: int) -> tuple[int, int, int] | None:
+        async def one(partition: int) -> tuple[int, int, int, int] | None:
             if self.leads(topic, partition):
                 p = self.partition(topic, partition)
-                return p.log_start_offset, p.high_watermark, p.log_end_offset
+                return p.log_start_offset, p.high_watermark, p.log_end_offset, p.last_stable_offset
             if self.forwarder is None:
                 return None
             remote = self.forwarder.remote(topic, partition)
@@ -813,7 +814,12 @@ class Broker:
                         await remote.sync()
                 except (LogbusError, TimeoutError):
                     return None
-            return remote.log_start_offset, remote.high_watermark, remote.log_end_offset
+            return (
+                remote.log_start_offset,
+                remote.high_watermark,
+                remote.log_end_offset,
+                remote.last_stable_offset,
+            )
 
         return list(await asyncio.gather(*(one(p) for p in partitions)))
 

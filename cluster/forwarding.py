@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 from core_log.errors import ErrorCode, LogbusError, OffsetOutOfRangeError
 from core_log.log import AppendResult, CommittedReadResult, ReadResult
+from core_log.manager import Partition
 from core_log.txn_index import AbortedTxn
 
 from . import replica_wire as wire
@@ -240,7 +241,7 @@ class PartitionService:
         if wait_ms and wait_offset is not None:
             await part.wait_for(int(wait_offset), wait_ms / 1000)
             part = self.replicas.leader_of(topic, partition).partition  # still leading?
-        state = {k: getattr(part, k) for k in _STATE}
+        state = _state_of(part)
         max_bytes = int(header.get("max_bytes", 0))
         if max_bytes <= 0:
             return {"state": state}, b""
@@ -262,8 +263,14 @@ class PartitionService:
     ) -> dict[str, Any]:
         part = self.replicas.leader_of(topic, partition).partition
         found = await part.offset_for_timestamp(int(header["timestamp"]))
-        state = {k: getattr(part, k) for k in _STATE}
+        state = _state_of(part)
         return {"state": state, "offset": found}
+
+
+def _state_of(part: Partition) -> dict[str, int]:
+    state = {k: getattr(part, k) for k in _STATE}
+    state["last_stable_offset"] = part.last_stable_offset
+    return state
 
 
 # -- the forwarding side -------------------------------------------------------------------------
@@ -409,12 +416,14 @@ class RemotePartition:
         self.high_watermark = -1
         self.log_start_offset = -1
         self.log_end_offset = -1
+        self.last_stable_offset = -1
         self.released = False
 
     def _keep(self, state: dict[str, Any]) -> None:
         self.high_watermark = int(state["high_watermark"])
         self.log_start_offset = int(state["log_start_offset"])
         self.log_end_offset = int(state["log_end_offset"])
+        self.last_stable_offset = int(state.get("last_stable_offset", self.high_watermark))
 
     async def sync(self) -> None:
         answer, _ = await self.forwarder.call(self.topic, self.partition, READ_PATH, {})

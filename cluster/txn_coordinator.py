@@ -149,6 +149,7 @@ class TxnCoordinator:
             "txn.end": self._op_end,
             "txn.admin_abort": self._op_admin_abort,
             "txn.list": self._op_list,
+            "txn.describe": self._op_describe,
         }
         self.broker.coordinator_ops.update(ops)
         try:
@@ -387,6 +388,10 @@ class TxnCoordinator:
             commit=commit,
         )
 
+    async def describe(self, transactional_id: str) -> dict[str, Any]:
+        """The id's state as :func:`describe` shows it (TRANSACTIONAL_ID_NOT_FOUND if none)."""
+        return await self.call("txn.describe", transactional_id)
+
     async def admin_abort(self, transactional_id: str) -> dict[str, Any]:
         return await self.call("txn.admin_abort", transactional_id)
 
@@ -509,6 +514,17 @@ class TxnCoordinator:
             "producer_epoch": result.producer_epoch,
             "completed": await self._await_completion(slot, txn_id),
         }
+
+    async def _op_describe(self, header: dict[str, Any]) -> dict[str, Any]:
+        _, _, state, txn_id = self._state_of(header)
+        m = state.transactions.get(txn_id)
+        if m is None:
+            raise LogbusError(
+                f"unknown transactional id {txn_id!r}",
+                code=ErrorCode.TRANSACTIONAL_ID_NOT_FOUND,
+                transactional_id=txn_id,
+            )
+        return describe(m, self.clock.now_ms())
 
     async def _op_list(self, header: dict[str, Any]) -> dict[str, Any]:
         p = int(header["partition"])

@@ -61,7 +61,7 @@ async def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
     out = []
     for a, offsets in zip(t.assignments, leaders, strict=True):
         p = broker.local_partition(t.name, a.partition)
-        lso, hw, leo = offsets or (-1, -1, -1)
+        start, hw, leo, stable = offsets or (-1, -1, -1, -1)
         local = None
         if p is not None:
             local = ReplicaPublic(
@@ -77,9 +77,10 @@ async def _partitions(broker: Broker, t: TopicMeta) -> list[PartitionPublic]:
                 leader_epoch=a.leader_epoch,
                 replicas=a.replicas,
                 isr=a.isr,
-                log_start_offset=lso,
+                log_start_offset=start,
                 high_watermark=hw,
                 log_end_offset=leo,
+                last_stable_offset=stable,
                 local_replica=local,
                 unclean_elections=a.unclean_elections,
                 adding_replicas=a.adding_replicas,

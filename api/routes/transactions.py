@@ -97,6 +97,17 @@ async def abort(
 
 
 @router.get(
+    "/{transactional_id}",
+    summary="Describe a transactional id: its session, state and open transaction",
+    responses=errors(400, 403, 404, 503),
+)
+async def describe(transactional_id: str, request: Request, state: StateDep) -> TxnDescribed:
+    resource = Resource(ResourceType.TRANSACTIONAL_ID, transactional_id)
+    require(state.security, request.scope, Operation.DESCRIBE, resource)
+    return TxnDescribed(**await state.transactions.describe(transactional_id))
+
+
+@router.get(
     "",
     summary="List transactions (the hanging ones: state=ongoing&min_duration_ms=...)",
     responses=errors(400, 403),

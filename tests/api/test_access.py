@@ -151,6 +151,7 @@ def _samples() -> dict[tuple[str, str], Sample]:
         ("GET", access.G): ({}, "", None, []),
         ("DELETE", access.G): ({}, "", None, []),
         ("POST", TX): ({}, "", {}, []),
+        ("GET", TX): ({}, "", None, []),
         ("POST", TX + "/commit"): ({}, "", SESSION, []),
         ("POST", TX + "/abort"): ({}, "", SESSION, []),
         ("GET", "/v1/transactions"): ({}, "", None, []),

@@ -28,7 +28,7 @@ EXPECTED_PATHS = {
     "/v1/producers": {"post"},
     "/v1/transactions": {"get", "post"},
     "/v1/transactions/{transactional_id}/offsets": {"post"},
-    "/v1/transactions/{transactional_id}": {"post"},
+    "/v1/transactions/{transactional_id}": {"get", "post"},
     "/v1/transactions/{transactional_id}/commit": {"post"},
     "/v1/transactions/{transactional_id}/abort": {"post"},
     "/v1/groups": {"get"},

@@ -31,6 +31,7 @@ PARTITION_FIELDS = {
     "log_start_offset",
     "high_watermark",
     "log_end_offset",
+    "last_stable_offset",
     "local_replica",
     "unclean_elections",
     "adding_replicas",

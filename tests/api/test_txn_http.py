@@ -97,6 +97,15 @@ def test_commit_and_abort_across_partitions(tmp_path: Path) -> None:
             assert await values(c, "a", 0) == ["a0-x", "a0-y"]
             assert await values(c, "b", 0) == ["b0-x", "b0-y"]
             assert await values(c, "a", 0, "read_uncommitted") == ["a0-x", "a0-y", "gone"]
+            described = (await c.get(f"{TXN}/app-1")).json()
+            assert described["state"] == "complete_abort"
+            assert described["producer_epoch"] == s[1] + 2
+            missing = await c.get(f"{TXN}/nobody")
+            assert missing.status_code == 404
+            assert missing.json()["code"] == "TRANSACTIONAL_ID_NOT_FOUND"
+            # the partition listing carries the last stable offset
+            parts = (await c.get("/v1/topics/a/partitions")).json()
+            assert [p["last_stable_offset"] for p in parts] == [p["high_watermark"] for p in parts]
 
     asyncio.run(main())
 
