@@ -11,7 +11,7 @@ DATA_DIR ?= ./logbus-data
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run cluster test test-slow lint typecheck browser postgres bench bench-storage bench-cluster bench-auth clean
+.PHONY: run cluster test test-slow lint typecheck browser postgres bench bench-storage bench-cluster bench-auth bench-txn clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -87,6 +87,11 @@ bench-cluster: $(RUN_STAMP)
 bench-auth: $(RUN_STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/python -m benchmarks.auth --rounds 12 --seconds 2 --json docs/bench-auth.json
+
+# Transactional produce (commit every 100 ms) vs plain, read_committed vs read_uncommitted
+# fetch, one broker, alternating rounds; docs/benchmarks.md, "Transactions"; ≈ 1 min.
+bench-txn: $(RUN_STAMP)
+	$(BIN)/python -m benchmarks.transactions --json docs/bench-transactions.json
 
 bench-spark: $(SPARK_STAMP)
 	$(BIN)/python -m benchmarks.spark --json docs/bench-spark.json
