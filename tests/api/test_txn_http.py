@@ -263,3 +263,30 @@ def test_single_request_commits_everything_or_nothing(tmp_path: Path) -> None:
             assert len(await values(c, "a", 1, "read_uncommitted")) == 4
 
     asyncio.run(main())
+
+
+def test_an_open_transaction_survives_a_restart(tmp_path: Path) -> None:
+    """The coordinator's state is its log: after a restart the open transaction is still
+    open (its data invisible at read_committed, the last stable offset held at its start), and
+    its producer commits it with the session it had."""
+
+    async def main() -> None:
+        async with app_client(tmp_path / "d") as (c, _):
+            await topic(c, "a")
+            s = await begin(c, "durable")
+            assert (await produce(c, "durable", s, "a", 0, ["x", "y"])).status_code == 200
+            assert (await produce(c, "durable", s, "a", 1, ["z"])).status_code == 200
+        async with app_client(tmp_path / "d") as (c, _):
+            assert await values(c, "a", 0) == []
+            parts = (await c.get("/v1/topics/a/partitions")).json()
+            assert [p["last_stable_offset"] for p in parts] == [0, 0]
+            assert (await c.get(f"{TXN}/durable")).json()["state"] == "ongoing"
+            r = await end(c, "durable", s)
+            assert r.status_code == 200, r.text
+            assert await values(c, "a", 0) == ["x", "y"] and await values(c, "a", 1) == ["z"]
+        async with app_client(tmp_path / "d") as (c, _):
+            # and the next session of the id continues from the bumped epoch
+            assert await begin(c, "durable") == (s[0], s[1] + 2)
+            assert await values(c, "a", 0) == ["x", "y"]
+
+    asyncio.run(main())
