@@ -86,7 +86,11 @@ def _start(data_dir: Path, *args: str) -> ClusterUp:
     return up
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# The whole scenario on PostgreSQL is ``slow`` (16 s of the default suite, the same again as on
+# SQLite: what it adds after start-up, a topic, a SIGKILL and a restart, is the supervisor's,
+# whatever the store); the default suite starts and stops a cluster on PostgreSQL in
+# test_cluster_up_on_postgresql_registers_there_and_stops_on_sigint.
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def cluster_up(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ClusterUp]:
     """``cluster up`` on its default store (SQLite in the data dir), or on a PostgreSQL
     database given by ``--metadata-url`` (skipped when PostgreSQL is not installed)."""
@@ -182,6 +186,33 @@ def test_cluster_up_runs_three_brokers_and_stops_them_on_sigint(cluster_up: Clus
     assert cluster_up.proc.wait(timeout=90) == 0, cluster_up.seen
     cluster_up.wait_for(r"^3 brokers stopped", timeout_s=5)
     assert not [pid for _, pid in brokers.values() if _alive(pid)]
+
+
+def test_cluster_up_on_postgresql_registers_there_and_stops_on_sigint(
+    tmp_path: Path, postgres_db_url: str
+) -> None:
+    """The default suite's run on PostgreSQL: ``--metadata-url`` is the store every broker
+    registers in, and SIGINT stops them all with exit 0."""
+    up = _start(tmp_path / "cluster", "--brokers", "3", "--metadata-url", postgres_db_url)
+    try:
+        assert up.wait_for(r"^metadata store: (\S+)")[1] == _shown(postgres_db_url)
+        pids = []
+        for _ in range(3):
+            m = up.wait_for(_BROKER_LINE.pattern, timeout_s=READY_TIMEOUT_S + WAIT_S)
+            assert _ready(m[2]), m[2]
+            pids.append(int(m[3]))
+        up.wait_for(r"^3 brokers up")
+        store = MetadataStore(postgres_db_url)
+        try:
+            assert sorted(b.broker_id for b in store.brokers() if b.alive) == [1, 2, 3]
+        finally:
+            store.close()
+        up.proc.send_signal(signal.SIGINT)
+        assert up.proc.wait(timeout=90) == 0, up.seen
+        up.wait_for(r"^3 brokers stopped", timeout_s=5)
+        assert not [pid for pid in pids if _alive(pid)]
+    finally:
+        up.close()
 
 
 def test_a_taken_base_port_fails_at_once_in_one_line(tmp_path: Path) -> None:

@@ -512,7 +512,13 @@ def test_unclean_election_off_keeps_the_partition_offline_on_allows_it_and_count
     os.kill(proc.pid, signal.SIGCONT)
     # Every ISR member is down; the live replica is out of sync: no leader.
     eventually(lambda: c.row("u").leader == -1 or None, "the partition offline")
-    deadline = time.monotonic() + 3 * SESSION_TIMEOUT_S  # it must stay so, not just be so
+    # It must stay so, not just be so. The one decision that could elect the stale replica is
+    # a controller pass that sees it live: wait until it is live in the store and holds the
+    # controller lease (the others are dead), then watch a whole session timeout of passes
+    # (one per 300 ms heartbeat: ~16). This used to watch 3 session timeouts from the moment
+    # the partition went offline, 15 s of the test's 28 s, most before the replica was back.
+    eventually(lambda: _live_controller(c, stale) or None, f"broker {stale} live and controller")
+    deadline = time.monotonic() + SESSION_TIMEOUT_S
     while time.monotonic() < deadline:
         assert c.row("u").leader == -1
         r = produce(c.http(stale), "u", ["nope"])
@@ -544,6 +550,13 @@ def test_unclean_election_off_keeps_the_partition_offline_on_allows_it_and_count
     assert not set(missed) & read  # the loss the counter reports
     ok = produce(c.http(stale), "u", ["back"])
     assert ok is not None and ok.status_code == 200, ok.text if ok is not None else "no answer"
+
+
+def _live_controller(c: Cluster, broker: int) -> bool:
+    """Whether ``broker``'s lease is current in the store and it holds the controller lease."""
+    ctl = c.store.controller()
+    live = any(b.broker_id == broker and b.alive for b in c.store.brokers())
+    return live and ctl is not None and ctl.alive and ctl.broker_id == broker
 
 
 # -- controller failover -------------------------------------------------------------------------

@@ -357,6 +357,10 @@ def test_a_member_sse_stream_through_another_broker_survives_a_coordinator_kill(
         brokers[victim].kill()
         _produce_ws(survivors, 30, 30)
         eventually(lambda: have(60), "60 records on the stream", timeout_s=90)
+        # The reader looks at ``stop`` when a line arrives: one more record wakes it now, not
+        # the next keepalive, up to a third of the member's 30 s session later (10 s).
+        stop.set()
+        _produce_ws(survivors, 60, 1)
     finally:
         stop.set()
         reader.join(timeout=90)
