@@ -820,10 +820,14 @@ class Broker:
         *,
         internal: bool = False,
         direct: bool | None = None,
+        transactional: bool = False,
     ) -> AppendResult:
         """Append batches; clients may not write to internal topics (``internal`` is for the
         broker's own writers). In a cluster, a partition led elsewhere is forwarded to its
-        leader, or refused with 421 naming it when the client routes itself (``direct``)."""
+        leader, or refused with 421 naming it when the client routes itself (``direct``).
+        ``transactional``: the partition accepts transactional batches (the caller checked the
+        transaction with its coordinator; :meth:`core_log.manager.Partition.append`); a
+        forwarded append does not carry it, so transactional writers append ``direct``."""
         if not internal:
             _check_not_internal(topic)
         if self.replicas is not None and self.forwarder is not None:
@@ -833,7 +837,11 @@ class Broker:
             try:
                 if direct or self.leads(topic, partition):
                     return await self.replicas.append(
-                        topic, partition, data, wait_for_isr=acks is Acks.ALL
+                        topic,
+                        partition,
+                        data,
+                        wait_for_isr=acks is Acks.ALL,
+                        transactional=transactional,
                     )
                 return await self.forwarder.append(
                     topic, partition, data, acks_all=acks is Acks.ALL
@@ -844,7 +852,9 @@ class Broker:
                 raise _leadership_moved(topic, partition, e) from e
         p = self.partition(topic, partition)
         self._check_not_fenced(data)
-        return await p.append(data, leader_epoch=0, durable=acks is Acks.ALL)
+        return await p.append(
+            data, leader_epoch=0, durable=acks is Acks.ALL, transactional=transactional
+        )
 
     def _check_not_fenced(self, data: bytes | memoryview) -> None:
         """A re-initialised named producer fences its older sessions on every partition at

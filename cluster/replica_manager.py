@@ -424,7 +424,13 @@ class ReplicaManager:
         return following.partition if following is not None else None
 
     async def append(
-        self, topic: str, partition: int, data: bytes | memoryview, *, wait_for_isr: bool
+        self,
+        topic: str,
+        partition: int,
+        data: bytes | memoryview,
+        *,
+        wait_for_isr: bool,
+        transactional: bool = False,
     ) -> AppendResult:
         leading = self.leader_of(topic, partition)
         replica = leading.replica
@@ -436,7 +442,10 @@ class ReplicaManager:
                 isr=list(replica.isr),
             )
         result = await leading.partition.append(
-            data, leader_epoch=replica.leader_epoch, durable=leading.fsync and wait_for_isr
+            data,
+            leader_epoch=replica.leader_epoch,
+            durable=leading.fsync and wait_for_isr,
+            transactional=transactional,
         )
         if not result.duplicate:
             leading.appended(result.base_offset, result.size_bytes)
