@@ -30,6 +30,25 @@ Theory of operation
   (the 421/503 while the coordinator moves) and keeps its member id, epoch and assignment.
   Not kept: fetch positions — a restored member reads on from its committed offsets (at least
   once, like any consumer after a crash).
+* **Offsets in transactions** (Kafka's TxnOffsetCommit). :meth:`Coordinator.txn_commit_offsets`
+  checks offsets as a commit is checked and appends them as *one transactional batch* of the
+  producer (its id, its epoch, and the next sequence from the offsets partition's producer
+  state: 0 in a new epoch, else after its last batch; one such write at a time per offsets
+  partition, so two writes of a producer never take the same sequence). They are *pending*:
+  kept per offsets partition and producer, not shown by ``committed()``, until the transaction
+  coordinator appends that producer's marker on the same partition and reports it with
+  :meth:`Coordinator.on_marker`: COMMIT makes them committed (a later write of the transaction
+  wins per partition), ABORT drops them. A marker ends only what its producer wrote before it
+  (pending entries remember their batch's offset), and a marker reported while a write is
+  being acknowledged ends that write too (a timeout abort racing the write). The log itself
+  fences zombies: an older epoch is INVALID_PRODUCER_EPOCH, a write of a new epoch while the
+  producer's transaction is open INVALID_TXN_STATE (both 409, nothing written). A load replays
+  the log batch by batch in the same way — transactional records wait for the next marker of
+  their producer — so it rebuilds exactly the live state; transactions still open stay pending
+  for their markers, and the load reads on until no marker appended meanwhile is left unread.
+  An unload drops the pending offsets with the rest. Compaction keeps transactional batches and
+  markers whole (:mod:`core_log.cleaner`), so it never changes what a load rebuilds. At most
+  ``MAX_PENDING_TXN_OFFSETS`` (100,000) pending offsets per producer and offsets partition.
 * **Time.** One task sleeps until the earliest session or revocation deadline of any group (or
   a second at most) and expires members; the same task drops the offsets of groups that have
   been empty for ``offsets_retention_ms`` (Kafka's ``offsets.retention.minutes``, 7 days).
