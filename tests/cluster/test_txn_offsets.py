@@ -477,15 +477,28 @@ async def play(data: Path, steps: list[tuple[Any, ...]]) -> None:
         await stopped(c)
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(steps=st.lists(step, min_size=1, max_size=25))
-def test_random_interleavings_load_to_the_live_state(steps: list[tuple[Any, ...]]) -> None:
-    with tempfile.TemporaryDirectory() as data:
-        asyncio.run(play(Path(data), steps))
+def interleavings(max_examples: int) -> Callable[[], None]:
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(steps=st.lists(step, min_size=1, max_size=25))
+    def check(steps: list[tuple[Any, ...]]) -> None:
+        with tempfile.TemporaryDirectory() as data:
+            asyncio.run(play(Path(data), steps))
+
+    return check
+
+
+def test_random_interleavings_load_to_the_live_state() -> None:
+    interleavings(40)()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_random_interleavings_load_to_the_live_state_long() -> None:
+    interleavings(300)()
 
 
 def test_committed_offset_type_is_the_one_committed_returns(tmp_path: Path) -> None:
