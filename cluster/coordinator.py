@@ -748,7 +748,9 @@ class Coordinator:
         """A COMMIT (``commit``) or ABORT marker of ``producer_id`` was appended to
         ``__consumer_offsets`` partition ``partition`` here as leader: COMMIT makes the
         producer's pending offsets there committed, ABORT drops them. Call it as soon as the
-        marker's append returns (before any later marker of the same producer there). Offsets
+        marker's append returns, committed to the in-sync replicas (acks=all, as every offsets
+        write here: a marker lost by a failover must not have been applied), and before any
+        later marker of the same producer there. Offsets
         the producer wrote after the marker (a later transaction's) stay pending. Nothing
         happens for an unknown producer or a partition not loaded here (a load replays the
         marker from the log)."""
