@@ -512,3 +512,31 @@ def test_committed_offset_type_is_the_one_committed_returns(tmp_path: Path) -> N
             await stopped(c)
 
     run(tmp_path, body)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap in core_log.cleaner: transactional batches are never compacted, so once "
+    "a tombstone's delete horizon passes, a committed transactional offset it deleted comes "
+    "back at the next load (Kafka compacts committed transactional records like others)",
+)
+def test_a_deleted_transactional_offset_stays_deleted_after_compaction(tmp_path: Path) -> None:
+    async def body(data: Path) -> None:
+        configs = {**OFFSETS_TOPIC_CONFIGS, "segment.bytes": 400, "delete.retention.ms": 0}
+        c = await started(data, configs=configs)
+        try:
+            await c.txn_commit_offsets("a", PID, 0, {(TOPIC, 0): (100, "")})
+            await marker(c, "a", PID, 0, commit=True)
+            await c.delete("a")  # tombstones for its offsets
+            for i in range(6):  # the tombstones' segment becomes cleanable
+                await c.commit("c", None, None, {(TOPIC, 2): (i, "")})
+            assert c.committed("a") == {}
+            log_ = c.broker.partition(OFFSETS_TOPIC, part("a")).log
+            log_.clean()  # stamps the delete horizon
+            log_.clean(c.clock.now_ms() + 1)  # past it: the tombstones go
+            c = await restarted(c, data)
+            assert c.committed("a") == {}
+        finally:
+            await stopped(c)
+
+    run(tmp_path, body)
