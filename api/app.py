@@ -320,6 +320,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     await coordinator.start()
     transactions = TxnCoordinator(
         broker,
+        coordinator,
         partitions=settings.transaction_state_log_num_partitions,
         config=TxnConfig(
             transaction_max_timeout_ms=settings.transaction_max_timeout_ms,

@@ -30,6 +30,28 @@ Theory of operation
   (the 421/503 while the coordinator moves) and keeps its member id, epoch and assignment.
   Not kept: fetch positions — a restored member reads on from its committed offsets (at least
   once, like any consumer after a crash).
+* **Offsets in transactions** (Kafka's TxnOffsetCommit). :meth:`Coordinator.txn_commit_offsets`
+  checks offsets as a commit is checked and appends them as *one transactional batch* of the
+  producer (its id, its epoch, and the next sequence from the offsets partition's producer
+  state: 0 in a new epoch, else after its last batch; one such write at a time per offsets
+  partition, so two writes of a producer never take the same sequence). They are *pending*:
+  kept per offsets partition and producer, not shown by ``committed()``, until the transaction
+  coordinator appends that producer's marker on the same partition and reports it with
+  :meth:`Coordinator.on_marker`: COMMIT makes them committed (a later write of the transaction
+  wins per partition), ABORT drops them. A marker ends only what its producer wrote before it
+  (pending entries remember their batch's offset), and a marker reported while a write is
+  being acknowledged ends that write too (a timeout abort racing the write). The log itself
+  fences zombies: an older epoch is INVALID_PRODUCER_EPOCH, a write of a new epoch while the
+  producer's transaction is open INVALID_TXN_STATE (both 409, nothing written). A load replays
+  the log batch by batch in the same way — transactional records wait for the next marker of
+  their producer — so it rebuilds exactly the live state; transactions still open stay pending
+  for their markers, and the load reads on until no marker appended meanwhile is left unread.
+  An unload drops the pending offsets with the rest. Compaction keeps transactional batches and
+  markers whole (:mod:`core_log.cleaner`), so superseded plain commits go without changing what
+  a load rebuilds. Known gap (the cleaner's): a committed transactional offset deleted later (a
+  group deleted or expired, a topic deleted) comes back at a load once its tombstone is past
+  ``delete.retention.ms`` and compacted away (an xfail test shows it). At most
+  ``MAX_PENDING_TXN_OFFSETS`` (100,000) pending offsets per producer and offsets partition.
 * **Time.** One task sleeps until the earliest session or revocation deadline of any group (or
   a second at most) and expires members; the same task drops the offsets of groups that have
   been empty for ``offsets_retention_ms`` (Kafka's ``offsets.retention.minutes``, 7 days).
@@ -52,7 +74,15 @@ from typing import Any
 
 import orjson
 
-from core_log.batch import Record, build_batch, iter_records
+from core_log.batch import (
+    NO_PRODUCER_ID,
+    BatchHeader,
+    Record,
+    build_batch,
+    decode_records,
+    scan_batches,
+)
+from core_log.control import parse_control_batch
 from core_log.errors import (
     ErrorCode,
     LogbusError,
@@ -60,7 +90,8 @@ from core_log.errors import (
     TopicAlreadyExistsError,
 )
 from core_log.isolation import committed_bytes
-from core_log.log import CommittedReadResult, ReadResult
+from core_log.log import AppendResult, CommittedReadResult, ReadResult
+from core_log.producer_state import ProducerEntry, next_sequence
 
 from .assignor import TopicPartition
 from .broker import OFFSETS_TOPIC, Acks, Broker, offsets_partition
@@ -81,6 +112,10 @@ GROUP_RECORD_MAX_BYTES = 900 * 1024
 PERSIST_BACKOFF_S = (0.05, 1.0)  # retry a failed membership write: first and longest wait
 DURABLE_WAIT_S = 30.0  # the longest an answer waits for its membership record
 _GROUP_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+# The most offsets one producer may hold pending in one offsets partition (over all its groups
+# and calls of one transaction): ten full commits. Replay takes whatever the log holds.
+MAX_PENDING_TXN_OFFSETS = 10 * MAX_OFFSETS_PER_COMMIT
+_INT16_MAX = 2**15 - 1
 
 
 @dataclass(frozen=True)
@@ -98,6 +133,28 @@ class Fetched:
     partition: int
     offset: int
     result: ReadResult
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A transactional offset waiting for its transaction's marker; ``at`` is the offset of the
+    transactional batch holding it (a marker ends only what its producer wrote before it)."""
+
+    at: int
+    offset: CommittedOffset
+
+
+# Pending transactional offsets of one offsets partition: producer id -> group -> tp -> staged.
+_Pending = dict[int, dict[str, dict[TopicPartition, _Staged]]]
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """The transactional offsets write in flight on one offsets partition (one at a time: they
+    hold the partition's lock), and the markers of its producer reported meanwhile."""
+
+    producer_id: int
+    markers: list[tuple[int, bool]] = field(default_factory=list)  # (marker offset, commit)
 
 
 @dataclass(eq=False)
@@ -160,6 +217,9 @@ class Coordinator:
         self._loaded: dict[int, _Loaded] = {}  # offsets partitions coordinated here
         self._loading: dict[int, _Loading] = {}
         self._persist: dict[str, _Persisted] = {}  # membership records, per group
+        self._pending_txn: dict[int, _Pending] = {}  # per loaded offsets partition
+        self._txn_locks: dict[int, asyncio.Lock] = {}  # per offsets partition
+        self._txn_in_flight: dict[int, _InFlight] = {}
         self._create_task: asyncio.Future[None] | None = None
         self._closed = False
 
@@ -244,25 +304,32 @@ class Coordinator:
                 started.task = asyncio.create_task(self._load(p, started), name=f"offsets-load-{p}")
 
     async def _load(self, partition: int, loading: _Loading) -> None:
-        """Read the partition into fresh maps and install them if still wanted."""
-        groups: dict[str, dict[str, Any] | None] = {}
-        offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        """Read the partition into fresh maps and install them if still wanted.
+
+        Only the transaction coordinator's markers may be appended meanwhile (this coordinator
+        writes nothing until loaded): the read goes on until it has reached the log end with no
+        await left before the maps are installed, so every marker is either replayed here or
+        appended after the install (and then reported through :meth:`on_marker`)."""
+        replay = _Replay()
         try:
             p = self.broker.partition(OFFSETS_TOPIC, partition)
-            end = p.log_end_offset  # nothing else writes here until the load is done
-            while p.high_watermark < end:  # the old leader's tail, committed by our followers
-                if self._loading.get(partition) is not loading:
-                    return
-                await p.wait_for(p.high_watermark, 1.0)
             offset = p.log_start_offset
-            while offset < end:
-                result = await p.read(offset, LOAD_READ_BYTES, max_offset=end)
-                if not result.data:
+            end = p.log_end_offset
+            while True:
+                while p.high_watermark < end:  # the old leader's tail, committed by followers
+                    if self._loading.get(partition) is not loading:
+                        return
+                    await p.wait_for(p.high_watermark, 1.0)
+                while offset < end:
+                    result = await p.read(offset, LOAD_READ_BYTES, max_offset=end)
+                    if not result.data:
+                        offset = end  # nothing more below ``end`` (compacted away)
+                        break
+                    replay.read(result.data, offset, end)
+                    offset = result.next_offset
+                if p.log_end_offset <= end:
                     break
-                for record in iter_records(result.data):
-                    if offset <= record.offset < end:
-                        _apply(record, groups, offsets)
-                offset = result.next_offset
+                end = p.log_end_offset  # markers appended while reading: read them too
         except LogbusError as e:  # lost the leadership, storage: the next check tries again
             log.warning("%s-%d: load failed: %s", OFFSETS_TOPIC, partition, e)
             if self._loading.get(partition) is loading:
@@ -273,7 +340,7 @@ class Coordinator:
         del self._loading[partition]
         now = self.clock.now_ms()
         restored = 0
-        for group_id, doc in groups.items():
+        for group_id, doc in replay.groups.items():
             if doc is None:
                 continue
             try:
@@ -284,20 +351,25 @@ class Coordinator:
             self.groups[group_id] = group
             self._persist[group_id] = _Persisted(seen=(group, group.version))
             restored += 1
-        self._offsets.update(offsets)
+        self._offsets.update(replay.offsets)
+        if replay.pending:
+            self._pending_txn[partition] = replay.pending
         self._loaded[partition] = _Loaded(loading.epoch)
         log.info(
-            "%s-%d: coordinating %d groups (%d with offsets) in leader epoch %d",
+            "%s-%d: coordinating %d groups (%d with offsets, %d producers with open "
+            "transactions) in leader epoch %d",
             OFFSETS_TOPIC,
             partition,
             restored,
-            len(offsets),
+            len(replay.offsets),
+            len(replay.pending),
             loading.epoch,
         )
         self._topics_changed()  # partitions may have been added while nobody coordinated
         self._wake.set()
 
     def _unload(self, partition: int, why: str) -> None:
+        self._pending_txn.pop(partition, None)
         loading = self._loading.pop(partition, None)
         if loading is not None and loading.task is not None:
             loading.task.cancel()
@@ -571,6 +643,23 @@ class Coordinator:
         offsets: dict[TopicPartition, tuple[int, str]],
     ) -> None:
         """Write offsets (durably) after checking the member may commit them."""
+        self._check_commit(group_id, member_id, generation, offsets)
+        now = self.clock.now_ms()
+        await self._write(
+            group_id, {tp: CommittedOffset(o, m, now) for tp, (o, m) in offsets.items()}
+        )
+        if member_id is not None:
+            self._skip_to_commits(group_id, member_id, offsets)
+
+    def _check_commit(
+        self,
+        group_id: str,
+        member_id: str | None,
+        generation: int | None,
+        offsets: dict[TopicPartition, tuple[int, str]],
+    ) -> int:
+        """Raise unless the offsets may be committed now (limits, known partitions, the member
+        and its generation); returns the group's offsets partition."""
         if not offsets or len(offsets) > MAX_OFFSETS_PER_COMMIT:
             raise LogbusError(
                 f"a commit carries 1..{MAX_OFFSETS_PER_COMMIT} offsets",
@@ -585,19 +674,137 @@ class Coordinator:
                     f"metadata is limited to {MAX_METADATA_CHARS} characters",
                     code=ErrorCode.OFFSET_METADATA_TOO_LARGE,
                 )
+        partition = self._check(group_id)
         if member_id is None:
-            self._check(group_id)
             group = self.groups.get(group_id)
             if group is not None:
                 group.check_commit(None, None, list(offsets))
         else:
             self._group(group_id).check_commit(member_id, generation, list(offsets))
+        return partition
+
+    # -- offsets in transactions -----------------------------------------------------------------
+
+    async def txn_commit_offsets(
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        offsets: dict[TopicPartition, tuple[int, str]],
+        *,
+        member_id: str | None = None,
+        generation: int | None = None,
+    ) -> None:
+        """Add the group's offsets to the producer's transaction (Kafka's TxnOffsetCommit):
+        checked as :meth:`commit` checks, written as one transactional batch of the producer
+        (acks=all) and kept pending, invisible to :meth:`committed`, until the producer's next
+        marker on the group's offsets partition (:meth:`on_marker`). The partition's producer
+        state fences an older epoch (INVALID_PRODUCER_EPOCH) and a write that does not fit the
+        producer's transaction (INVALID_TXN_STATE), as for any transactional write."""
+        if producer_id < 0 or not 0 <= producer_epoch <= _INT16_MAX:
+            raise LogbusError(
+                f"a transactional commit needs a producer id >= 0 and an epoch in 0..{_INT16_MAX}",
+                code=ErrorCode.INVALID_REQUEST,
+            )
+        partition = self._check_commit(group_id, member_id, generation, offsets)
+        loaded = self._loaded[partition]
         now = self.clock.now_ms()
-        await self._write(
-            group_id, {tp: CommittedOffset(o, m, now) for tp, (o, m) in offsets.items()}
+        entries = {tp: CommittedOffset(o, m, now) for tp, (o, m) in offsets.items()}
+        pending = self._pending_txn.get(partition, {}).get(producer_id, {})
+        held = {(g, tp) for g, staged in pending.items() for tp in staged}
+        if len(held | {(group_id, tp) for tp in entries}) > MAX_PENDING_TXN_OFFSETS:
+            raise LogbusError(
+                f"a transaction holds at most {MAX_PENDING_TXN_OFFSETS} offsets per "
+                f"{OFFSETS_TOPIC} partition",
+                code=ErrorCode.INVALID_REQUEST,
+            )
+        records = _offset_records(group_id, dict(entries), now)
+        lock = self._txn_locks.setdefault(partition, asyncio.Lock())
+        async with lock:
+            p = self.broker.partition(OFFSETS_TOPIC, partition)
+            data = build_batch(
+                records,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                base_sequence=_txn_sequence(p.log.producers.get(producer_id), producer_epoch),
+                is_transactional=True,
+                default_timestamp=now,
+            )
+            flight = self._txn_in_flight[partition] = _InFlight(producer_id)
+            try:
+                result = await self._append(group_id, partition, data, transactional=True)
+            finally:
+                del self._txn_in_flight[partition]
+            if self._loaded.get(partition) is not loaded:  # unloaded meanwhile: not ours now
+                raise self._not_coordinator_error(group_id)
+            ended = [(m, commit) for m, commit in flight.markers if m > result.base_offset]
+            if ended:  # the transaction ended (timed out?) while this write was acknowledged
+                if ended[0][1]:
+                    self._apply_committed(group_id, entries)
+                return
+            by_group = self._pending_txn.setdefault(partition, {}).setdefault(producer_id, {})
+            staged = by_group.setdefault(group_id, {})
+            for tp, c in entries.items():
+                staged[tp] = _Staged(result.base_offset, c)
+
+    def on_marker(self, partition: int, producer_id: int, commit: bool) -> None:
+        """A COMMIT (``commit``) or ABORT marker of ``producer_id`` was appended to
+        ``__consumer_offsets`` partition ``partition`` here as leader: COMMIT makes the
+        producer's pending offsets there committed, ABORT drops them. Call it as soon as the
+        marker's append returns, committed to the in-sync replicas (acks=all, as every offsets
+        write here: a marker lost by a failover must not have been applied), and before any
+        later marker of the same producer there. Offsets
+        the producer wrote after the marker (a later transaction's) stay pending. Nothing
+        happens for an unknown producer or a partition not loaded here (a load replays the
+        marker from the log)."""
+        if partition not in self._loaded:
+            return
+        try:
+            entry = self.broker.partition(OFFSETS_TOPIC, partition).log.producers.get(producer_id)
+        except LogbusError:
+            return  # not the leader any more: the next load replays the marker
+        marker_offset = (
+            entry.marker_offset if entry is not None and entry.marker_offset >= 0 else None
         )
-        if member_id is not None:
-            self._skip_to_commits(group_id, member_id, offsets)
+        flight = self._txn_in_flight.get(partition)
+        if flight is not None and flight.producer_id == producer_id and marker_offset is not None:
+            flight.markers.append((marker_offset, commit))
+        pending = self._pending_txn.get(partition)
+        if pending is None:
+            return
+        changed = _end_txn(pending, producer_id, commit, marker_offset, self._offsets)
+        if not pending:
+            del self._pending_txn[partition]
+        for group_id in sorted(changed):
+            self._changed(group_id)
+        self._drop_orphans(changed)
+
+    def _apply_committed(
+        self, group_id: str, entries: dict[TopicPartition, CommittedOffset]
+    ) -> None:
+        self._offsets.setdefault(group_id, {}).update(entries)
+        self._changed(group_id)
+        self._drop_orphans({group_id})
+
+    def _drop_orphans(self, groups: set[str]) -> None:
+        """Committed transactional offsets of a topic deleted meanwhile go as
+        :meth:`_topics_changed` drops any."""
+        names = {t.name for t in self.broker.topics()}
+        if any(tp[0] not in names for g in groups for tp in self._offsets.get(g, {})):
+            self._topics_changed()
+
+    def pending_txn_offsets(
+        self, group_id: str
+    ) -> dict[int, dict[TopicPartition, CommittedOffset]]:
+        """The group's offsets in open transactions: producer id -> offsets (not committed
+        until the producer's COMMIT marker; never shown by :meth:`committed`)."""
+        partition = self._check(group_id)
+        out: dict[int, dict[TopicPartition, CommittedOffset]] = {}
+        for producer_id, by_group in self._pending_txn.get(partition, {}).items():
+            staged = by_group.get(group_id)
+            if staged:
+                out[producer_id] = {tp: s.offset for tp, s in staged.items()}
+        return out
 
     def _skip_to_commits(
         self, group_id: str, member_id: str, offsets: dict[TopicPartition, tuple[int, str]]
@@ -617,23 +824,11 @@ class Coordinator:
     async def _write(
         self, group_id: str, offsets: dict[TopicPartition, CommittedOffset | None]
     ) -> None:
-        now = self.clock.now_ms()
-        records = [
-            Record(
-                key=orjson.dumps(["offset", group_id, t, p]),
-                value=None
-                if c is None
-                else orjson.dumps(
-                    {"offset": c.offset, "metadata": c.metadata, "commit_ms": c.commit_ms}
-                ),
-                timestamp=now,
-            )
-            for (t, p), c in sorted(offsets.items())
-        ]
+        records = _offset_records(group_id, offsets, self.clock.now_ms())
         partition = self._check(group_id)
         loaded = self._loaded[partition]
         async with self._lock(group_id):
-            await self._append(group_id, partition, records)
+            await self._append(group_id, partition, build_batch(records))
             if self._loaded.get(partition) is not loaded:  # unloaded meanwhile: not ours now
                 raise self._not_coordinator_error(group_id)
             stored = self._offsets.setdefault(group_id, {})
@@ -737,7 +932,7 @@ class Coordinator:
                     timestamp=self.clock.now_ms(),
                 )
                 async with self._lock(group_id):
-                    await self._append(group_id, partition, [record])
+                    await self._append(group_id, partition, build_batch([record]))
                 if self._loaded.get(partition) is not loaded:
                     raise self._not_coordinator_error(group_id)
             except LogbusError as e:
@@ -756,12 +951,20 @@ class Coordinator:
         if gone and st.written >= st.wanted:
             del self._persist[group_id]  # the tombstone is written: nothing to track
 
-    async def _append(self, group_id: str, partition: int, records: list[Record]) -> None:
+    async def _append(
+        self, group_id: str, partition: int, data: bytes, *, transactional: bool = False
+    ) -> AppendResult:
         """Append to the group's offsets partition here, never forwarded: a coordinator that
         lost the leadership must not write into the new leader's log."""
         try:
-            await self.broker.append(
-                OFFSETS_TOPIC, partition, build_batch(records), Acks.ALL, internal=True, direct=True
+            return await self.broker.append(
+                OFFSETS_TOPIC,
+                partition,
+                data,
+                Acks.ALL,
+                internal=True,
+                direct=True,
+                transactional=transactional,
             )
         except LogbusError as e:
             if e.code is ErrorCode.NOT_LEADER_OR_FOLLOWER:
@@ -977,6 +1180,98 @@ class Coordinator:
         }
 
 
+class _Replay:
+    """One offsets partition rebuilt from its log, batch by batch in log order: membership
+    records, committed offsets, and the offsets of transactions not ended yet (a transactional
+    batch's records wait in ``pending`` for their producer's next marker: COMMIT applies them,
+    ABORT drops them)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict[str, Any] | None] = {}
+        self.offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        self.pending: _Pending = {}
+
+    def read(self, data: bytes | memoryview, start: int, end: int) -> None:
+        """Apply the batches of ``data`` (one read) at offsets ``start`` .. ``end`` - 1."""
+        for pos, h in scan_batches(data):
+            if h.is_control:
+                marker = parse_control_batch(data, pos)
+                if marker is not None and start <= marker.offset < end:
+                    _end_txn(
+                        self.pending, marker.producer_id, marker.commit, marker.offset, self.offsets
+                    )
+                continue
+            staged = h.is_transactional and h.producer_id != NO_PRODUCER_ID
+            for record in decode_records(data, pos):
+                if not start <= record.offset < end:
+                    continue
+                if staged:
+                    self._stage(h, record)
+                else:
+                    _apply(record, self.groups, self.offsets)
+
+    def _stage(self, h: BatchHeader, record: Record) -> None:
+        parsed = _offset_record(record)
+        group, tp, c = parsed if parsed is not None else ("", ("", 0), None)
+        if c is None:  # the coordinator stages commits only
+            log.warning("skipping a transactional %s record at %d", OFFSETS_TOPIC, record.offset)
+            return
+        by_group = self.pending.setdefault(h.producer_id, {})
+        by_group.setdefault(group, {})[tp] = _Staged(h.base_offset, c)
+
+
+def _end_txn(
+    pending: _Pending,
+    producer_id: int,
+    commit: bool,
+    marker_offset: int | None,
+    offsets: dict[str, dict[TopicPartition, CommittedOffset]],
+) -> set[str]:
+    """End the producer's transaction in ``pending`` at its marker: COMMIT moves what it staged
+    before ``marker_offset`` (None: everything) into ``offsets``, ABORT drops it. Returns the
+    groups whose committed offsets changed."""
+    by_group = pending.get(producer_id)
+    if by_group is None:
+        return set()
+    changed = set()
+    for group_id, staged in list(by_group.items()):
+        for tp, s in list(staged.items()):
+            if marker_offset is not None and s.at > marker_offset:
+                continue  # a later transaction's, staged before this marker was reported
+            del staged[tp]
+            if commit:
+                offsets.setdefault(group_id, {})[tp] = s.offset
+                changed.add(group_id)
+        if not staged:
+            del by_group[group_id]
+    if not by_group:
+        del pending[producer_id]
+    return changed
+
+
+def _offset_record(
+    record: Record,
+) -> tuple[str, TopicPartition, CommittedOffset | None] | None:
+    """An offset record's group, partition and offset (None: a tombstone); None when the
+    record is not an offset record or cannot be read."""
+    try:
+        key = orjson.loads(record.key or b"")
+        kind, group, topic, partition = key
+        if kind != "offset" or not isinstance(group, str) or not isinstance(topic, str):
+            return None
+        if not isinstance(partition, int):
+            return None
+        if record.value is None:
+            return group, (topic, partition), None
+        v = orjson.loads(record.value)
+        c = CommittedOffset(
+            v["offset"], v.get("metadata", ""), v.get("commit_ms", record.timestamp)
+        )
+    except (ValueError, TypeError, KeyError):
+        return None
+    return group, (topic, partition), c
+
+
 def _apply(
     record: Record,
     groups: dict[str, dict[str, Any] | None],
@@ -985,27 +1280,52 @@ def _apply(
     """Apply one record of an offsets partition being loaded (later records win)."""
     try:
         key = orjson.loads(record.key or b"")
-        kind, group = key[0], key[1]
-        if kind == "group":
-            groups[group] = None if record.value is None else orjson.loads(record.value)
+        if key[0] == "group":
+            groups[key[1]] = None if record.value is None else orjson.loads(record.value)
             return
-        assert kind == "offset"
-        _, group, topic, partition = key
-    except (ValueError, TypeError, AssertionError, IndexError):
+    except (ValueError, TypeError, IndexError, KeyError):
+        pass
+    parsed = _offset_record(record)
+    if parsed is None:
         log.warning("skipping an unreadable %s record at %d", OFFSETS_TOPIC, record.offset)
         return
-    tp = (topic, partition)
-    if record.value is None:
+    group, tp, c = parsed
+    if c is None:
         stored = offsets.get(group)
         if stored is not None:
             stored.pop(tp, None)
             if not stored:
                 del offsets[group]
         return
-    v = orjson.loads(record.value)
-    offsets.setdefault(group, {})[tp] = CommittedOffset(
-        v["offset"], v.get("metadata", ""), v.get("commit_ms", record.timestamp)
-    )
+    offsets.setdefault(group, {})[tp] = c
+
+
+def _offset_records(
+    group_id: str, offsets: dict[TopicPartition, CommittedOffset | None], now_ms: int
+) -> list[Record]:
+    """The records of a commit: key ``["offset", group, topic, partition]``, value JSON (None:
+    a tombstone), in partition order."""
+    return [
+        Record(
+            key=orjson.dumps(["offset", group_id, t, p]),
+            value=None
+            if c is None
+            else orjson.dumps(
+                {"offset": c.offset, "metadata": c.metadata, "commit_ms": c.commit_ms}
+            ),
+            timestamp=now_ms,
+        )
+        for (t, p), c in sorted(offsets.items())
+    ]
+
+
+def _txn_sequence(entry: ProducerEntry | None, epoch: int) -> int:
+    """The base sequence of the producer's next batch in a partition whose producer state holds
+    ``entry``: 0 for a producer unknown there or in a new epoch, else the one after its last
+    batch (an older epoch gets 0 and is fenced by the append)."""
+    if entry is None or entry.epoch != epoch:
+        return 0
+    return next_sequence(entry.last_seq)
 
 
 def _log_failure(task: asyncio.Future[None]) -> None:

@@ -58,6 +58,7 @@ from core_log.batch import Record, build_batch, iter_records
 from core_log.errors import ErrorCode, LogbusError, TopicAlreadyExistsError
 
 from .broker import OFFSETS_TOPIC, Acks, Broker, offsets_partition
+from .coordinator import Coordinator
 from .txn_state import (
     TXN_STATE_TOPIC,
     TxnConfig,
@@ -121,12 +122,14 @@ class TxnCoordinator:
     def __init__(
         self,
         broker: Broker,
+        groups: Coordinator | None = None,
         *,
         partitions: int = 4,
         config: TxnConfig | None = None,
         abort_interval_ms: int = ABORT_INTERVAL_MS,
     ) -> None:
         self.broker = broker
+        self.groups = groups  # the group coordinator: a transaction's offsets
         self.clock = broker.clock
         self.partitions = partitions
         self.config = config or TxnConfig()
@@ -151,6 +154,9 @@ class TxnCoordinator:
             "txn.list": self._op_list,
             "txn.describe": self._op_describe,
         }
+        if self.groups is not None:
+            ops["group.txn_offsets"] = self._op_group_offsets
+            self.broker.marker_listeners.append(self._marker_committed)
         self.broker.coordinator_ops.update(ops)
         try:
             self.broker.topic(TXN_STATE_TOPIC)
@@ -525,6 +531,27 @@ class TxnCoordinator:
                 transactional_id=txn_id,
             )
         return describe(m, self.clock.now_ms())
+
+    async def _op_group_offsets(self, header: dict[str, Any]) -> dict[str, Any]:
+        """On the group's coordinator: write the offsets as the producer's transactional
+        records (pending until its marker; :meth:`cluster.coordinator.Coordinator.on_marker`)."""
+        assert self.groups is not None
+        generation = header.get("generation")
+        await self.groups.txn_commit_offsets(
+            str(header["group_id"]),
+            int(header["producer_id"]),
+            int(header["producer_epoch"]),
+            {(str(t), int(p)): (int(o), str(m)) for t, p, o, m in header["offsets"]},
+            member_id=header.get("member_id"),
+            generation=None if generation is None else int(generation),
+        )
+        return {}
+
+    def _marker_committed(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
+        """A marker is committed on a partition led here: on an offsets partition the group
+        coordinator applies (COMMIT) or drops (ABORT) the producer's pending offsets."""
+        if topic == OFFSETS_TOPIC and self.groups is not None:
+            self.groups.on_marker(partition, producer_id, commit)
 
     async def _op_list(self, header: dict[str, Any]) -> dict[str, Any]:
         p = int(header["partition"])

@@ -290,3 +290,70 @@ def test_an_open_transaction_survives_a_restart(tmp_path: Path) -> None:
             assert await values(c, "a", 0) == ["x", "y"]
 
     asyncio.run(main())
+
+
+async def committed(c: httpx.AsyncClient, group: str) -> dict[tuple[str, int], int]:
+    r = await c.get(f"/v1/groups/{group}/offsets")
+    if r.status_code == 404:
+        return {}
+    assert r.status_code == 200, r.text
+    return {(o["topic"], o["partition"]): o["offset"] for o in r.json()["offsets"]}
+
+
+def test_group_offsets_commit_with_the_transaction(tmp_path: Path) -> None:
+    """Consume-transform-produce: the group's offsets move only when the transaction that
+    wrote the output commits; an abort leaves them where they were."""
+
+    async def main() -> None:
+        async with app_client(tmp_path / "d") as (c, _):
+            await topic(c, "in", 1)
+            await topic(c, "out", 1)
+            r = await c.post(
+                "/v1/topics/in/partitions/0/records",
+                json={"records": [{"value": i} for i in range(10)]},
+            )
+            assert r.status_code == 200
+            s = await begin(c, "etl")
+            assert (await produce(c, "etl", s, "out", 0, ["0-4"])).status_code == 200
+            offsets = {
+                "producer_id": s[0],
+                "producer_epoch": s[1],
+                "group_id": "etl-group",
+                "offsets": [{"topic": "in", "partition": 0, "offset": 5}],
+            }
+            r = await c.post(f"{TXN}/etl/offsets", json=offsets)
+            assert r.status_code == 200, r.text
+            assert await committed(c, "etl-group") == {}  # pending until the commit
+            r = await end(c, "etl", s)
+            assert r.status_code == 200, r.text
+            assert await committed(c, "etl-group") == {("in", 0): 5}
+            # the next transaction is aborted: output and offsets both stay as they were
+            s2 = (r.json()["producer_id"], r.json()["producer_epoch"])
+            assert (await produce(c, "etl", s2, "out", 0, ["5-9"])).status_code == 200
+            offsets.update(producer_id=s2[0], producer_epoch=s2[1])
+            offsets["offsets"] = [{"topic": "in", "partition": 0, "offset": 10}]
+            assert (await c.post(f"{TXN}/etl/offsets", json=offsets)).status_code == 200
+            assert (await end(c, "etl", s2, "abort")).status_code == 200
+            assert await committed(c, "etl-group") == {("in", 0): 5}
+            assert await values(c, "out", 0) == ["0-4"]
+            # a fenced session cannot add offsets
+            stale = {**offsets, "producer_epoch": s[1]}
+            r = await c.post(f"{TXN}/etl/offsets", json=stale)
+            assert r.status_code == 409, r.text
+            # the one-request form: records and offsets together
+            r = await c.post(
+                TXN,
+                json={
+                    "transactional_id": "etl",
+                    "records": [{"topic": "out", "partition": 0, "value": "5-9"}],
+                    "offsets": {
+                        "group_id": "etl-group",
+                        "offsets": [{"topic": "in", "partition": 0, "offset": 10}],
+                    },
+                },
+            )
+            assert r.status_code == 200, r.text
+            assert await committed(c, "etl-group") == {("in", 0): 10}
+            assert await values(c, "out", 0) == ["0-4", "5-9"]
+
+    asyncio.run(main())
