@@ -116,6 +116,22 @@ class _Slot:
     state: TxnCoordinatorState | None = None
     task: asyncio.Task[None] | None = None
     completing: dict[str, asyncio.Task[bool]] = field(default_factory=dict)
+    marked: dict[str, asyncio.Event] = field(default_factory=dict)  # its markers are written
+    adding: dict[str, _Adding] = field(default_factory=dict)  # an add being written, per id
+
+
+@dataclass(eq=False)
+class _Adding:
+    """The adds of one producer session that arrived while an add of the id was being written:
+    they go in the next write together (a produce to each of 4 partitions costs one
+    ``__transaction_state`` write after the first, not three more in a row)."""
+
+    producer: tuple[int, int]
+    partitions: set[tuple[str, int]] = field(default_factory=set)
+    groups: set[str] = field(default_factory=set)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    error: LogbusError | None = None
+    started: bool = False  # being written: later adds wait for the next write
 
 
 class TxnCoordinator:
@@ -452,6 +468,8 @@ class TxnCoordinator:
         )
 
     async def _op_init(self, header: dict[str, Any]) -> dict[str, Any]:
+        _, slot, _, txn_id = self._state_of(header)
+        await self._settle(slot, txn_id)  # the id's last transaction completes first
         p, slot, state, txn_id = self._state_of(header)
         await self._ensure_pids()
         result = state.init_producer_id(
@@ -466,18 +484,65 @@ class TxnCoordinator:
         return {"producer_id": result.producer_id, "producer_epoch": result.producer_epoch}
 
     async def _op_add(self, header: dict[str, Any]) -> dict[str, Any]:
-        p, slot, state, txn_id = self._state_of(header)
-        pid, epoch = int(header["producer_id"]), int(header["producer_epoch"])
-        now = self.clock.now_ms()
-        if "group" in header:
-            result = state.add_offsets(txn_id, pid, epoch, header["group"], now)
-        else:
-            parts = [(str(t), int(n)) for t, n in header["partitions"]]
-            result = state.add_partitions(txn_id, pid, epoch, parts, now)
-        await self._persist(p, slot, result)
-        if not result.ok:
-            raise result.exception()
+        """Add partitions or a group. Adds of one session that arrive while another of its
+        adds waits to be written join that write (a produce to each of 4 partitions costs one
+        ``__transaction_state`` write, not four in a row, each refused as concurrent); an add
+        arriving while the id's previous transaction completes waits for that instead of
+        answering ``CONCURRENT_TRANSACTIONS``."""
+        _, slot, _, txn_id = self._state_of(header)
+        producer = (int(header["producer_id"]), int(header["producer_epoch"]))
+        parts = {(str(t), int(n)) for t, n in header.get("partitions", ())}
+        groups = {str(header["group"])} if "group" in header else set()
+        while (queued := slot.adding.get(txn_id)) is not None:
+            if queued.producer == producer and not queued.started:
+                queued.partitions |= parts
+                queued.groups |= groups
+                await queued.done.wait()
+                if queued.error is not None:
+                    raise queued.error
+                return {}
+            await queued.done.wait()
+            _, slot, _, txn_id = self._state_of(header)
+        batch = slot.adding[txn_id] = _Adding(producer, parts, groups)
+        try:
+            await asyncio.sleep(0)  # adds woken with this one join it
+            await self._settle(slot, txn_id)
+            batch.started = True
+            p, slot, state, txn_id = self._state_of(header)
+            await self._add(p, slot, state, txn_id, batch)
+        except LogbusError as e:
+            batch.error = e
+        finally:
+            if slot.adding.get(txn_id) is batch:
+                del slot.adding[txn_id]
+            batch.done.set()
+        if batch.error is not None:
+            raise batch.error
         return {}
+
+    async def _add(
+        self, p: int, slot: _Slot, state: TxnCoordinatorState, txn_id: str, batch: _Adding
+    ) -> None:
+        """Write ``batch``'s partitions and groups (one record each kind at most)."""
+        pid, epoch = batch.producer
+        now = self.clock.now_ms()
+        result = state.add_partitions(txn_id, pid, epoch, frozenset(batch.partitions), now)
+        if result.ok:
+            await self._persist(p, slot, result)
+            for group in sorted(batch.groups):
+                result = state.add_offsets(txn_id, pid, epoch, group, now)
+                if not result.ok:
+                    break
+                await self._persist(p, slot, result)
+        if not result.ok:
+            batch.error = result.exception()
+
+    async def _settle(self, slot: _Slot, txn_id: str) -> None:
+        """Wait (at most :data:`CALL_RETRY_S`) for the id's previous transaction to complete,
+        if its markers or COMPLETE record are being written."""
+        task = slot.completing.get(txn_id)
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=CALL_RETRY_S)  # never raises, never cancels it
 
     async def _op_end(self, header: dict[str, Any]) -> dict[str, Any]:
         p, slot, state, txn_id = self._state_of(header)
@@ -601,32 +666,48 @@ class TxnCoordinator:
         running = slot.completing.get(txn_id)
         if running is not None and not running.done():
             return
-        task = asyncio.create_task(self._complete(p, slot, markers), name=f"txn-markers-{txn_id}")
+        marked = slot.marked[txn_id] = asyncio.Event()
+        task = asyncio.create_task(
+            self._complete(p, slot, markers, marked), name=f"txn-markers-{txn_id}"
+        )
         slot.completing[txn_id] = task
 
         def done(t: asyncio.Task[bool]) -> None:
             if slot.completing.get(txn_id) is t:
                 del slot.completing[txn_id]
+            if slot.marked.get(txn_id) is marked:
+                del slot.marked[txn_id]
             if not t.cancelled() and t.exception() is not None:
                 log.error("transaction %r: completion failed", txn_id, exc_info=t.exception())
 
         task.add_done_callback(done)
 
     async def _await_completion(self, slot: _Slot, txn_id: str) -> bool:
+        """Wait (at most :data:`END_WAIT_S`) until the transaction's markers are written —
+        readers see the outcome then; its COMPLETE record follows — and say whether they
+        are."""
         task = slot.completing.get(txn_id)
-        if task is None:
+        marked = slot.marked.get(txn_id)
+        if task is None or marked is None:
             return True
+        waiter = asyncio.ensure_future(marked.wait())
         try:
-            async with asyncio.timeout(END_WAIT_S):
-                return await asyncio.shield(task)
-        except TimeoutError:
-            return False
+            await asyncio.wait({task, waiter}, timeout=END_WAIT_S, return_when="FIRST_COMPLETED")
+        finally:
+            waiter.cancel()
+        if marked.is_set():
+            return True
+        return task.done() and not task.cancelled() and task.exception() is None and task.result()
 
-    async def _complete(self, p: int, slot: _Slot, markers: TxnMarkers) -> bool:
-        """Write every marker of the transaction, then its COMPLETE_* record; False if this
-        broker stopped coordinating first (the next coordinator finishes the job)."""
+    async def _complete(
+        self, p: int, slot: _Slot, markers: TxnMarkers, marked: asyncio.Event
+    ) -> bool:
+        """Write every marker of the transaction (then set ``marked``), then its COMPLETE_*
+        record; False if this broker stopped coordinating first (the next coordinator finishes
+        the job)."""
         if not await self._write_markers(p, slot, markers):
             return False
+        marked.set()
         backoff = MARKER_BACKOFF_S[0]
         while self._slots.get(p) is slot and slot.state is not None:
             result = slot.state.complete(markers.transactional_id, self.clock.now_ms())

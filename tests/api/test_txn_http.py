@@ -357,3 +357,34 @@ def test_group_offsets_commit_with_the_transaction(tmp_path: Path) -> None:
             assert await values(c, "out", 0) == ["0-4", "5-9"]
 
     asyncio.run(main())
+
+
+def test_concurrent_adds_of_a_session_share_a_write(tmp_path: Path) -> None:
+    """Produces of one session to 8 partitions at once add their partitions to the transaction
+    in at most two __transaction_state writes (the first, and one for all that arrived while
+    it was written), and none is refused as concurrent."""
+
+    async def main() -> None:
+        async with app_client(tmp_path / "d") as (c, state):
+            await topic(c, "wide", 8)
+            s = await begin(c, "fan-out")
+
+            def state_records() -> int:
+                n = state.broker.topic("__transaction_state").partitions
+                return sum(
+                    state.broker.partition("__transaction_state", p).log_end_offset
+                    for p in range(n)
+                )
+
+            before = state_records()
+            answers = await asyncio.gather(
+                *(produce(c, "fan-out", s, "wide", p, [p]) for p in range(8))
+            )
+            assert [r.status_code for r in answers] == [200] * 8, [r.text for r in answers]
+            assert 1 <= state_records() - before <= 2
+            described = (await c.get(f"{TXN}/fan-out")).json()
+            assert described["partitions"] == [{"topic": "wide", "partitions": list(range(8))}]
+            assert (await end(c, "fan-out", s)).status_code == 200
+            assert [await values(c, "wide", p) for p in range(8)] == [[p] for p in range(8)]
+
+    asyncio.run(main())
