@@ -15,7 +15,8 @@ from benchmarks.transactions import main
 
 def test_tiny_run_reports_both_ratios(tmp_path: Path) -> None:
     out = tmp_path / "bench-transactions.json"
-    argv = ["--seconds", "0.5", "--rounds", "1", "--json", str(out), "--data-dir", str(tmp_path)]
+    argv = ["--seconds", "0.5", "--rounds", "1", "--fetch-rounds", "1", "--json", str(out)]
+    argv += ["--data-dir", str(tmp_path)]
     assert main(argv) == 0
     doc = json.loads(out.read_text())
     (rnd,) = doc["produce_rounds"]
