@@ -582,6 +582,7 @@ class Fault:
     broker: int
     what: str
     at_s: float
+    healed_s: float = -1.0  # when every ISR was full again
 
 
 class Nemesis:
@@ -596,8 +597,8 @@ class Nemesis:
         cluster: ChaosCluster,
         workload: TxnWorkload,
         *,
-        interval_s: tuple[float, float] = (1.0, 3.0),
-        down_s: tuple[float, float] = (0.2, 2.0),
+        interval_s: tuple[float, float] = (0.5, 2.0),
+        down_s: tuple[float, float] = (0.2, 1.5),
     ) -> None:
         self.cluster = cluster
         self.workload = workload
@@ -605,6 +606,7 @@ class Nemesis:
         self.down_s = down_s
         self.rng = random.Random(cluster.seed ^ 0x5EED)
         self.faults: list[Fault] = []
+        self._kinds: list[str] = []
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._started = time.monotonic()
@@ -638,7 +640,9 @@ class Nemesis:
             raise AssertionError(f"the nemesis failed: {self.error!r}") from self.error
 
     def _one(self) -> None:
-        kind = self.rng.choice(self.KINDS)
+        if not self._kinds:  # every kind once per round, in a seeded order
+            self._kinds = self.rng.sample(self.KINDS, len(self.KINDS))
+        kind = self._kinds.pop()
         if kind == "kill-leader":
             topic, p = self.rng.choice(self.workload.tps)
             broker, what = self.cluster.leader(topic, p), f"leader of {topic}-{p}"
@@ -650,7 +654,7 @@ class Nemesis:
             what = f"broker {broker}"
         if broker == -1:
             return
-        self.faults.append(Fault(kind, broker, what, time.monotonic() - self._started))
+        at = time.monotonic() - self._started
         down = self.rng.uniform(*self.down_s)
         if kind == "pause":
             self.cluster.pause(broker)
@@ -662,8 +666,10 @@ class Nemesis:
             self.cluster.restart(broker)
         for topic in [*self.workload.topics, TXN_STATE_TOPIC]:
             self.cluster.wait_healthy(topic)
+        self.faults.append(Fault(kind, broker, what, at, time.monotonic() - self._started))
 
     def report(self) -> str:
         return "faults: " + ", ".join(
-            f"{f.at_s:.1f}s {f.kind} {f.what} (broker {f.broker})" for f in self.faults
+            f"{f.at_s:.1f}-{f.healed_s:.1f}s {f.kind} {f.what} (broker {f.broker})"
+            for f in self.faults
         )
