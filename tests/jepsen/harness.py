@@ -62,6 +62,7 @@ from tests.jepsen.history import (
     FinalRead,
     History,
     Op,
+    Outcome,
     PartitionRead,
     Poll,
     Record,
@@ -344,7 +345,14 @@ class TxnWorkload:
             self._spawn(f"poller-{j}", self._poll, j)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: object) -> None:
-        t = threading.Thread(target=target, args=args, name=name, daemon=True)
+        def run() -> None:
+            try:
+                target(*args)
+            except BaseException as e:  # a client that dies is a failure the test reports
+                self._unexpected(f"{name} died: {e!r}")
+                raise
+
+        t = threading.Thread(target=run, name=name, daemon=True)
         t.start()
         self._threads.append(t)
 
@@ -451,7 +459,7 @@ class TxnWorkload:
             time.sleep(BACKOFF_S)
         return None
 
-    def _end(self, client: TxnClient, commit: bool, session: tuple[int, int]) -> str:
+    def _end(self, client: TxnClient, commit: bool, session: tuple[int, int]) -> Outcome:
         """``ok`` (the end was answered), ``fail`` (definitely refused) or ``info``."""
         deadline = time.monotonic() + OP_RETRY_S
         lost = False

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -311,9 +312,11 @@ def test_coordinator_failover_mid_commit(
     tmp_path: Path, seed: int, failure_report: list[str]
 ) -> None:
     """Each round: a transaction writes to 3 partitions of 2 topics, its commit is sent to a
-    broker that is not the coordinator, and the coordinator is SIGKILLed right after (a random
-    0-300 ms later). A commit without an answer (or a retriable one) is retried with the same
-    epoch, as a client must. Once the coordinator restarted and every transaction ended, the
+    broker that is not the coordinator, and the coordinator is SIGKILLed right after: in even
+    rounds it was SIGSTOPped before the commit was sent (the commit reaches it, it never
+    answers, it dies), in odd ones the kill lands a random 0-300 ms after the send.
+    A commit without an answer (or a retriable one) is retried with the same epoch, as a client
+    must. Once the coordinator restarted and every transaction ended, the
     transaction is visible read_committed on all its partitions or on none — all if the client
     got a 200 — and the id begins and commits again."""
     cluster = ChaosCluster(tmp_path, f"sqlite:///{tmp_path / 'shared.db'}", seed=seed)
@@ -340,8 +343,13 @@ def test_coordinator_failover_mid_commit(
             for (t, p), vals in writes.items():
                 _ok(client.produce(t, p, vals, broker=rng.choice(others)), f"{t}-{p}")
             session = client.session
-            commit = pool.submit(client.end, True, rng.choice(others), session)
-            threading.Event().wait(rng.uniform(0, 0.3))  # where in the commit the kill lands
+            if rnd % 2 == 0:  # the commit reaches a stopped coordinator, which then dies
+                cluster.pause(coord)
+                commit = pool.submit(client.end, True, rng.choice(others), session)
+                futures_wait([commit], timeout=1.0)  # sent, held by the stopped coordinator
+            else:  # the kill lands anywhere in the commit: persist, markers, complete
+                commit = pool.submit(client.end, True, rng.choice(others), session)
+                threading.Event().wait(rng.uniform(0, 0.3))
             cluster.kill(coord)
             answer = commit.result(timeout=120)
             cluster.restart(coord)
