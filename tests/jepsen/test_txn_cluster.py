@@ -8,7 +8,9 @@
   anomalies of every kind. The default variant runs ~15 s of workload on SQLite; the ``slow``
   one minutes on each store.
 * The scenarios of the issue, each on purpose: a delayed end-transaction (a commit held in a
-  stalled TCP proxy arrives after the next session began: refused, and it decides nothing),
+  stalled TCP proxy arrives after the next session began: refused, and it decides nothing), a
+  delayed produce (held the same way, it arrives once the next transaction writes the same
+  partition: refused, never written),
   zombie fencing, the transaction timeout, coordinator failover mid-commit, and an abort after
   partial writes on several partitions.
 
@@ -212,6 +214,44 @@ def test_delayed_end_transaction_cannot_decide_the_next(
         _ok(client.end(True, broker=3), "txn 2 commit")
         assert _committed(cluster, topic, 0) == [201] and _committed(cluster, topic, 1) == [202]
         assert _values(cluster, topic, 0, READ_UNCOMMITTED) == [101, 201]
+    slow.close()
+    client.close()
+
+
+def test_delayed_produce_cannot_join_the_next(
+    cluster: ChaosCluster, failure_report: list[str]
+) -> None:
+    """KIP-890's other half: a produce of txn 1 is held in a stalled proxy in front of broker 1;
+    the client gives up on it, aborts txn 1 (the epoch is bumped) and writes and commits txn 2 on
+    the same partitions. Released, the held produce is refused: it joins no transaction and is
+    never written."""
+    failure_report.append(cluster.failure_report())
+    topic = _topic(cluster, "late-produce", 2)
+    port = urlsplit(cluster.url(1)).port
+    assert port is not None
+    client = TxnClient(cluster, "late-produce-app")
+    slow = TxnClient(cluster, "late-produce-app", timeout_s=120)
+    slow.http.headers["Host"] = f"127.0.0.1:{port}"  # the broker's own name, not the proxy's
+    with ThreadedLinkProxy("127.0.0.1", port) as proxy, ThreadPoolExecutor(1) as pool:
+        via_proxy = f"http://127.0.0.1:{proxy.port}"
+        s1 = client.begin_until_ok()
+        _ok(client.produce(topic, 0, [1], broker=2), "txn 1 -> p0")
+        assert slow.http.get(f"{via_proxy}/readyz").status_code == 200
+        proxy.stall()
+        held = pool.submit(slow.produce, topic, 1, [666], 0, via_proxy, s1)
+        with pytest.raises(FutureTimeout):
+            held.result(timeout=1.0)  # the client's own timeout: it gives up on the produce
+        _ok(client.end(False, broker=3, session=s1), "abort txn 1")
+        s2 = client.session
+        assert s2 is not None and s2 != s1
+        _ok(client.produce(topic, 1, [2], broker=2), "txn 2 -> p1")
+        _ok(client.produce(topic, 0, [3], broker=3), "txn 2 -> p0")
+        proxy.heal()
+        late = held.result(timeout=60)
+        _fenced(late, "the held produce of txn 1")
+        _ok(client.end(True, broker=2), "commit txn 2")
+        assert _committed(cluster, topic, 0) == [3] and _committed(cluster, topic, 1) == [2]
+        assert _values(cluster, topic, 1, READ_UNCOMMITTED) == [2]  # never written
     slow.close()
     client.close()
 
