@@ -15,9 +15,10 @@ Theory of operation
     partitions of the topics, then commits, or aborts ~20 % of the time. The rules that keep the
     history sound (tests/jepsen/checker.py's docstring): a produce is retried with the *same*
     batch and sequence while the answer is retriable or lost (the partition deduplicates it) up
-    to :data:`OP_RETRY_S`; if it still has no answer, or a definite refusal, the transaction is
-    given up: recorded with no end (never committed: only a commit request commits) and the
-    writer begins a new session, which fences the old epoch and aborts what it wrote. A commit
+    to :data:`OP_RETRY_S`; if it still has no answer, or a definite refusal, or (half the time)
+    at once when an answer was lost, the transaction is given up: recorded with no end (never
+    committed: only a commit request commits) and the writer begins a new session, which
+    fences the old epoch and aborts what it wrote. A commit
     is retried with the *same* session until answered (a retry of a decided end gets the same
     answer); one never answered, or refused after an attempt that was lost, is recorded
     ``info``; then a new session. Every transaction, aborted or given up, is recorded.
@@ -90,6 +91,7 @@ RETRIABLE_CODES: Final = frozenset(
     }
 )
 FINAL_PROCESS: Final = 10_000
+GIVE_UP_LOST: Final = 0.5  # how often a writer gives a transaction up at a produce's lost answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,7 +403,7 @@ class TxnWorkload:
         given_up = False
         for topic, partition in rng.sample(self.tps, rng.randint(2, min(4, len(self.tps)))):
             values = [next(self._values) for _ in range(rng.randint(1, 3))]
-            offsets = self._produce(client, topic, partition, values, session)
+            offsets = self._produce(client, topic, partition, values, session, rng)
             if offsets is None:
                 writes.extend(Write(topic, partition, v) for v in values)
                 given_up = True
@@ -440,14 +442,19 @@ class TxnWorkload:
         partition: int,
         values: list[int],
         session: tuple[int, int],
+        rng: random.Random,
     ) -> list[int] | None:
-        """The offsets once acknowledged; None when given up (no answer within
-        :data:`OP_RETRY_S`, or refused)."""
+        """The offsets once acknowledged; None when given up: no answer within
+        :data:`OP_RETRY_S`, refused, or (:data:`GIVE_UP_LOST`) at once after an answer that
+        was lost, as a client with a short delivery timeout does (the held or late produce then
+        meets the next session's epoch)."""
         deadline = time.monotonic() + OP_RETRY_S
         while time.monotonic() < deadline:
             a = client.produce(topic, partition, values, 0, session=session)
             if a.ok:
                 return [int(o["offset"]) for o in a.body["offsets"]]
+            if a.lost and rng.random() < GIVE_UP_LOST:
+                return None
             if a.internal_error:
                 self._unexpected(f"produce {client.id} {topic}-{partition}: {a.status} {a.body}")
             if not a.retriable:
