@@ -541,6 +541,10 @@ class TxnCoordinator:
         task.add_done_callback(done)
 
     async def _await_completion(self, slot: _Slot, txn_id: str) -> bool:
+        """Whether the markers of the end just decided were written, waiting up to
+        :data:`END_WAIT_S`. False too when this broker stopped coordinating meanwhile (the
+        unload cancels the marker task): the decision is durable and the next coordinator
+        writes the markers — so the answer is not the cancelled task's CancelledError (a 500)."""
         task = slot.completing.get(txn_id)
         if task is None:
             return True
@@ -548,6 +552,11 @@ class TxnCoordinator:
             async with asyncio.timeout(END_WAIT_S):
                 return await asyncio.shield(task)
         except TimeoutError:
+            return False
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not task.cancelled() or (current is not None and current.cancelling()):
+                raise  # this call itself is cancelled
             return False
 
     async def _complete(self, p: int, slot: _Slot, markers: TxnMarkers) -> bool:
