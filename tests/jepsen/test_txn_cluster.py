@@ -77,31 +77,33 @@ def run_jepsen(
             cluster.create_topic(t, PARTITIONS)
         phase("topics")
         workload = TxnWorkload(cluster, TOPICS, PARTITIONS, writers=3, pollers=2)
-        workload.start()
-        # the first commits create __transaction_state; the nemesis kills its leaders too
-        eventually(lambda: workload.committed_count() >= 3 or None, "the first commits")
-        cluster.wait_healthy(TXN_STATE_TOPIC)
-        phase("first-commits")
-        started = time.monotonic()
-        with Nemesis(cluster, workload) as nemesis:
-            threading.Event().wait(duration_s)  # the run's length, not a synchronisation
-        phase("nemesis")
-        nemesis.check_error()
-        workload.stop_writers()
-        phase("stop-writers")
-        hws = workload.settle()
-        phase("settle")
-        workload.stop_pollers()
-        workload.final_read(hws)
-        phase("final-read")
-        history = workload.history()
+        nemesis = Nemesis(cluster, workload)
         path = tmp_path / "history.jsonl"
-        history.save(path)
-        report += [
-            f"history: {path}",
-            f"workload: {workload.stats.line()} in {time.monotonic() - started:.1f} s",
-            nemesis.report(),
-        ]
+        started = time.monotonic()
+        try:
+            workload.start()
+            # the first commits create __transaction_state; the nemesis kills its leaders too
+            eventually(lambda: workload.committed_count() >= 3 or None, "the first commits")
+            cluster.wait_healthy(TXN_STATE_TOPIC)
+            phase("first-commits")
+            with nemesis:
+                threading.Event().wait(duration_s)  # the run's length, not a synchronisation
+            phase("nemesis")
+            nemesis.check_error()
+            workload.stop_writers()
+            phase("stop-writers")
+            hws = workload.settle()
+            phase("settle")
+            workload.stop_pollers()
+            workload.final_read(hws)
+            phase("final-read")
+        finally:  # what happened so far, whatever failed
+            workload.history().save(path)
+            report += [
+                f"history: {path}",
+                f"workload: {workload.stats.line()} in {time.monotonic() - started:.1f} s",
+                nemesis.report(),
+            ]
         result = workload.check()
         print(report[-2], report[-1], f"phases (s): {phases}", sep="\n")
         assert result.valid, result.render()
