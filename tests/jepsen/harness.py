@@ -75,6 +75,9 @@ from tests.jepsen.history import (
 TXN: Final = "/v1/transactions"
 CLIENT_TIMEOUT_S: Final = 15.0  # > the coordinator's own retries of a moving coordinator (10 s)
 OP_RETRY_S: Final = 30.0  # a produce or an end is retried this long, then given up
+# A writer's new session may wait this long: past one fault's healing (the nemesis' bound is
+# WAIT_S, 60 s; an overloaded SQLite store has left every partition leaderless for ~60 s).
+BEGIN_WAIT_S: Final = 120.0
 BACKOFF_S: Final = 0.05
 RETRIABLE_CODES: Final = frozenset(
     {
@@ -389,7 +392,7 @@ class TxnWorkload:
         rng = random.Random(self.cluster.seed * 1000 + k)
         client = TxnClient(self.cluster, txn_id, rng)
         try:
-            client.begin_until_ok()
+            client.begin_until_ok(BEGIN_WAIT_S)
             while not self._stop_writers.is_set():
                 self._one_transaction(k, client, rng)
         finally:
@@ -417,7 +420,7 @@ class TxnWorkload:
             )
             with self._lock:
                 self.stats.given_up += 1
-            client.begin_until_ok()
+            client.begin_until_ok(BEGIN_WAIT_S)
             return
         commit = rng.random() >= self.abort_ratio
         end_invoke = time.monotonic_ns()
@@ -433,7 +436,7 @@ class TxnWorkload:
             elif outcome == "info":
                 self.stats.uncertain_commits += 1
         if outcome != "ok":
-            client.begin_until_ok()
+            client.begin_until_ok(BEGIN_WAIT_S)
 
     def _produce(
         self,
