@@ -684,8 +684,10 @@ class TxnCoordinator:
 
     async def _await_completion(self, slot: _Slot, txn_id: str) -> bool:
         """Wait (at most :data:`END_WAIT_S`) until the transaction's markers are written —
-        readers see the outcome then; its COMPLETE record follows — and say whether they
-        are."""
+        readers see the outcome then; its COMPLETE record follows — and say whether they are.
+        False too when this broker stopped coordinating meanwhile (the unload cancels the
+        marker task): the decision is durable and the next coordinator writes the markers, so
+        the answer is never the cancelled task's CancelledError (a 500)."""
         task = slot.completing.get(txn_id)
         marked = slot.marked.get(txn_id)
         if task is None or marked is None:

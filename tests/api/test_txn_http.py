@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from cluster.txn_state import txn_state_partition
 from tests.api.inprocess import app_client
 
 TXN = "/v1/transactions"
@@ -386,5 +387,38 @@ def test_concurrent_adds_of_a_session_share_a_write(tmp_path: Path) -> None:
             assert described["partitions"] == [{"topic": "wide", "partitions": list(range(8))}]
             assert (await end(c, "fan-out", s)).status_code == 200
             assert [await values(c, "wide", p) for p in range(8)] == [[p] for p in range(8)]
+
+    asyncio.run(main())
+
+
+def test_end_answers_when_the_coordinator_unloads_mid_markers(tmp_path: Path) -> None:
+    """An end whose markers are being written when this broker stops coordinating the id (its
+    __transaction_state partition unloads: leadership moved, found in the cluster Jepsen run as
+    a 500 on commit after a paused coordinator resumed) answers ``completed: false`` — the
+    decision is durable, the next coordinator writes the markers — instead of failing with the
+    cancelled marker task's CancelledError (a 500)."""
+
+    async def main() -> None:
+        async with app_client(tmp_path / "d") as (c, state):
+            await topic(c, "a")
+            s = await begin(c, "app")
+            assert (await produce(c, "app", s, "a", 0, ["x"])).status_code == 200
+            coordinator = state.transactions
+            held = asyncio.Event()
+            writing = asyncio.Event()
+
+            async def stuck_marker(*args: Any, **kw: Any) -> None:
+                writing.set()
+                await held.wait()
+
+            coordinator.broker.write_marker = stuck_marker  # type: ignore[method-assign,assignment]
+            commit = asyncio.create_task(end(c, "app", s))
+            await asyncio.wait_for(writing.wait(), 10)
+            p = txn_state_partition("app", coordinator.partitions)
+            coordinator._unload(p, "test: leadership moved")
+            r = await asyncio.wait_for(commit, 10)
+            assert r.status_code == 200, r.text
+            assert r.json()["completed"] is False
+            held.set()
 
     asyncio.run(main())
