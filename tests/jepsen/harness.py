@@ -261,7 +261,7 @@ def read_partition(
                 if leader == -1:
                     return None
                 r = http.get(
-                    f"{cluster.url(leader)}/v1/topics/{topic}/partitions/{partition}/records",
+                    cluster.url(leader) + f"/v1/topics/{topic}/partitions/{partition}/records",
                     params={"offset": at, "max_records": 1000, "isolation": isolation},
                     headers=ROUTE_DIRECT,
                 )
@@ -283,7 +283,7 @@ def open_transactions(cluster: ChaosCluster, broker: int) -> list[dict[str, Any]
     """Transactions ongoing or preparing, as broker ``broker`` lists them; None if some
     coordinator could not answer."""
     r = httpx.get(
-        f"{cluster.url(broker)}{TXN}",
+        cluster.url(broker) + TXN,
         params={"state": ["ongoing", "prepare_commit", "prepare_abort"]},
         timeout=CLIENT_TIMEOUT_S,
     )
@@ -515,7 +515,7 @@ class TxnWorkload:
         a = call(
             http,
             "GET",
-            f"{self.cluster.url(broker)}/v1/topics/{topic}/partitions/{partition}/records",
+            self.cluster.url(broker) + f"/v1/topics/{topic}/partitions/{partition}/records",
             params={
                 "offset": positions[(topic, partition)],
                 "max_records": 200,

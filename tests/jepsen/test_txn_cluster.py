@@ -176,7 +176,7 @@ def _fenced(a: Answer, what: str) -> None:
 
 
 def _state_of(cluster: ChaosCluster, txn_id: str) -> dict[str, object] | None:
-    r = httpx.get(f"{cluster.url(1)}{TXN}", timeout=10)
+    r = httpx.get(cluster.url(1) + TXN, timeout=10)
     assert r.status_code == 200, r.text
     return next((t for t in r.json()["transactions"] if t["transactional_id"] == txn_id), None)
 
@@ -316,7 +316,7 @@ def test_transaction_timeout_aborts_and_fences(
     _fenced(client.end(True, session=s, broker=1), "commit after timeout")
     # the LSO moved past the aborted records: a later plain record is visible
     r = httpx.post(
-        f"{cluster.url(1)}/v1/topics/{topic}/partitions/0/records",
+        cluster.url(1) + f"/v1/topics/{topic}/partitions/0/records",
         params={"acks": "all"},
         json={"records": [{"value": 9}]},
         timeout=10,
