@@ -17,10 +17,12 @@ run against one broker (issue 13's performance targets).
    transactional records/s over the faster of plain and idempotent, and the figure is the
    median of the rounds' (target >= 0.7).
 2. **Fetch.** The transactional topic, now holding committed transactions and their markers,
-   read whole (after one untimed pass of each, to warm the page cache) from offset 0 as JSON
+   read whole 3 times per measurement (after one untimed measurement of each, to warm the page
+   cache) from offset 0 as JSON
    (``max_bytes`` 1 MiB requests on one connection, the client following ``next_offset``) at
    ``read_uncommitted`` and at ``read_committed``, ``--fetch-rounds`` pairs in ABBA order, in
-   records/s; the ratio is the median of the pairs' (target >= 0.9).
+   records/s, and by the broker's CPU time per pass (``/proc/<pid>/stat``: steadier than wall
+   time on a shared machine); each ratio is the median of the pairs' (target >= 0.9).
 
 Both sides of each ratio are sent by the same client code in the same run, so the client's own
 cost (a raw asyncio HTTP/1.1 client, no JSON decode of answers beyond ``next_offset``) cancels
@@ -230,6 +232,26 @@ async def produce_transactional(
     return Outcome(committed, elapsed, commits)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+FETCH_PASSES = 3  # whole reads per measurement: CPU time is counted in 10 ms ticks
+
+
+def fetch_pass(port: int, pid: int, isolation: str) -> tuple[Outcome, float]:
+    """:data:`FETCH_PASSES` whole reads of the partition (records and seconds summed), and the
+    broker's CPU seconds they took."""
+    before = cpu_seconds(pid)
+    records, seconds = 0, 0.0
+    for _ in range(FETCH_PASSES):
+        one = asyncio.run(fetch_all(port, "txn", 0, isolation))
+        records, seconds = records + one.records, seconds + one.seconds
+    return Outcome(records, seconds), cpu_seconds(pid) - before
+
+
 async def fetch_all(port: int, topic: str, partition: int, isolation: str) -> Outcome:
     conn = await Conn(port).open()
     offset = records = 0
@@ -295,34 +317,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"{idem.records_s:>9,.0f}, transactional {txn.records_s:>9,.0f} records/s "
                 f"({txn.commits} commits); ratio to the faster {ratio:.3f}"
             )
-        asyncio.run(fetch_all(port, "txn", 0, "read_uncommitted"))  # warm: page cache, code
-        asyncio.run(fetch_all(port, "txn", 0, "read_committed"))
+        assert broker.proc is not None
+        pid = broker.proc.pid
+        fetch_pass(port, pid, "read_uncommitted")  # warm: page cache, code
+        fetch_pass(port, pid, "read_committed")
         for k in range(args.fetch_rounds):
-            if k % 2 == 0:  # ABBA order: a load that drifts during the run favours neither
-                unc = asyncio.run(fetch_all(port, "txn", 0, "read_uncommitted"))
-                com = asyncio.run(fetch_all(port, "txn", 0, "read_committed"))
-            else:
-                com = asyncio.run(fetch_all(port, "txn", 0, "read_committed"))
-                unc = asyncio.run(fetch_all(port, "txn", 0, "read_uncommitted"))
+            # ABBA order: a load that drifts during the run favours neither
+            order = ("read_uncommitted", "read_committed")
+            passes = {iso: fetch_pass(port, pid, iso) for iso in order[:: 1 if k % 2 == 0 else -1]}
+            (unc, unc_cpu), (com, com_cpu) = passes["read_uncommitted"], passes["read_committed"]
             if com.records != unc.records:
                 raise RuntimeError(f"read_committed saw {com.records}, uncommitted {unc.records}")
             ratio = com.records_s / unc.records_s
+            cpu_ratio = unc_cpu / com_cpu if com_cpu > 0 else float("nan")
             fetches.append(
-                {"read_uncommitted": asdict(unc), "read_committed": asdict(com), "ratio": ratio}
+                {
+                    "read_uncommitted": {**asdict(unc), "broker_cpu_s": unc_cpu},
+                    "read_committed": {**asdict(com), "broker_cpu_s": com_cpu},
+                    "ratio": ratio,
+                    "cpu_ratio": cpu_ratio,
+                }
             )
             print(
-                f"fetch {k + 1}: read_uncommitted {unc.records_s:>10,.0f} records/s, "
-                f"read_committed {com.records_s:>10,.0f} records/s ({com.records:,} records), "
-                f"ratio {ratio:.3f}"
+                f"fetch {k + 1}: read_uncommitted {unc.records_s:>10,.0f} records/s "
+                f"({unc_cpu * 1000:.0f} ms broker CPU), read_committed {com.records_s:>10,.0f} "
+                f"records/s ({com_cpu * 1000:.0f} ms), {com.records:,} records; ratio "
+                f"{ratio:.3f}, by broker CPU {cpu_ratio:.3f}"
             )
     finally:
         broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     produce_ratio = statistics.median(r["ratio"] for r in rounds)
     fetch_ratio = statistics.median(f["ratio"] for f in fetches)
+    fetch_cpu_ratio = statistics.median(f["cpu_ratio"] for f in fetches)
     for label, ratio, target in (
         ("transactional / non-transactional produce", produce_ratio, PRODUCE_TARGET),
         ("read_committed / read_uncommitted fetch", fetch_ratio, FETCH_TARGET),
+        ("the same by broker CPU per pass", fetch_cpu_ratio, FETCH_TARGET),
     ):
         met = "met" if ratio >= target else "MISSED"
         print(f"{label}: median {ratio:.3f} (target >= {target}: {met})")
@@ -339,6 +370,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "produce_ratio": produce_ratio,
         "produce_target": PRODUCE_TARGET,
         "fetch_ratio": fetch_ratio,
+        "fetch_cpu_ratio": fetch_cpu_ratio,
         "fetch_target": FETCH_TARGET,
     }
 
