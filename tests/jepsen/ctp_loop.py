@@ -137,7 +137,10 @@ class Loop:
     # -- plumbing --------------------------------------------------------------------------------
 
     def emit(self, kind: str, **fields: Any) -> None:
-        self.log.write(json.dumps({"kind": kind, "pid": os.getpid(), **fields}) + "\n")
+        self.log.write(
+            json.dumps({"kind": kind, "pid": os.getpid(), "ns": time.monotonic_ns(), **fields})
+            + "\n"
+        )
         self.log.flush()
 
     def call(self, method: str, path: str, **kw: Any) -> Answer:

@@ -80,6 +80,7 @@ class Run:
     """What the test did: incarnations, kills (pid -> monotonic ns), input appended."""
 
     kills: dict[int, int] = field(default_factory=dict)
+    spawned: dict[int, int] = field(default_factory=dict)  # pid -> monotonic ns
     incarnations: list[tuple[int, str]] = field(default_factory=list)  # (pid, mode)
     inputs: int = 0
     refills: int = 0
@@ -290,8 +291,10 @@ def run_ctp(
                 argv += ["--seed", str(rng.randrange(2**32))]
                 for i in sorted(cluster.brokers):
                     argv += ["--url", cluster.url(i)]
+                spawned = time.monotonic_ns()
                 proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=stderr_log)
                 run.incarnations.append((proc.pid, mode))
+                run.spawned[proc.pid] = spawned
                 last = len(run.kills) >= kills
                 if last:
                     if killer is not None and killer.thread.is_alive():
@@ -338,11 +341,18 @@ def run_ctp(
     evs = events(log)
     unexpected = [e for e in evs if e["kind"] == "unexpected"]
     mid_txn = sum(_open_at_kill(evs, pid) for pid in run.kills)
+    first = {}  # pid -> (start logged, first position read): seconds after the spawn
+    for e in evs:
+        if e["kind"] in ("start", "position") and (e["pid"], e["kind"]) not in first:
+            first[(e["pid"], e["kind"])] = (e["ns"] - run.spawned[e["pid"]]) / 1e9
+    starts = sorted(v for (_, k), v in first.items() if k == "start")
+    fenced = sorted(v for (_, k), v in first.items() if k == "position")
     summary = (
         f"{len(run.kills)} loop kills ({mid_txn} with a transaction unanswered), "
         f"{len(run.incarnations)} incarnations, {run.inputs} inputs ({run.refills} refills), "
         f"{sum(e['kind'] == 'end' and e['outcome'] == 'ok' for e in evs)} commits, "
-        f"broker kills: {run.broker_kills}, loop phase {looped:.1f} s"
+        f"broker kills: {run.broker_kills}, loop phase {looped:.1f} s; median start "
+        f"{starts[len(starts) // 2]:.2f} s, position read {fenced[len(fenced) // 2]:.2f} s"
     )
     report.append(summary)
     print(summary)
