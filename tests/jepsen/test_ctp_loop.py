@@ -289,6 +289,7 @@ def run_ctp(
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         killer = BrokerKiller(cluster, run, random.Random(seed ^ 0xB0B)) if kill_brokers else None
         stderr_log = (tmp_path / "ctp-stderr.log").open("a")
+        proc: subprocess.Popen[bytes] | None = None
         try:
             while True:
                 mode = ("session", "single")[len(run.incarnations) % 2]
@@ -324,6 +325,9 @@ def run_ctp(
                 run.inputs += n // 2
                 run.refills += 1
         finally:
+            if proc is not None and proc.poll() is None:  # a failed run leaves no loop behind
+                proc.kill()
+                proc.wait(30)
             if killer is not None:
                 killer.stop.set()
                 killer.thread.join(120)
