@@ -111,7 +111,7 @@ def fill(cluster: ChaosCluster, first: int, n: int) -> None:
                     if broker == -1:
                         return None
                     r = http.post(
-                        f"{cluster.url(broker)}/v1/topics/{A}/partitions/{p}/records",
+                        cluster.url(broker) + f"/v1/topics/{A}/partitions/{p}/records",
                         params={"acks": "all"},
                         json=body,
                         headers={"Idempotency-Key": key},
@@ -135,7 +135,7 @@ def read_all(
                 if leader == -1:
                     return None
                 r = http.get(
-                    f"{cluster.url(leader)}/v1/topics/{topic}/partitions/{partition}/records",
+                    cluster.url(leader) + f"/v1/topics/{topic}/partitions/{partition}/records",
                     params={"offset": at, "max_records": 1000, "isolation": isolation},
                     headers={"Logbus-Route": "direct"},
                 )
@@ -153,7 +153,7 @@ def read_all(
 
 def group_offsets(cluster: ChaosCluster) -> dict[int, int]:
     def probe() -> dict[int, int] | None:
-        r = httpx.get(f"{cluster.url(1)}/v1/groups/{GROUP}/offsets", timeout=CLIENT_TIMEOUT_S)
+        r = httpx.get(cluster.url(1) + f"/v1/groups/{GROUP}/offsets", timeout=CLIENT_TIMEOUT_S)
         if r.status_code == 404:
             return {}
         if r.status_code != 200:
