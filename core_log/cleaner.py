@@ -54,11 +54,14 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import fileio
 from .batch import (
     HEADER_BYTES,
     PREFIX_BYTES,
@@ -320,11 +323,16 @@ def _clean(
     try:
         aborted = _Aborted(log.segments)
         offset_map, clean_point = _build_map(dirty, first_dirty, max_keys, throttle, aborted)
-        last_batch_of: dict[int, int] = {}  # producer id -> base offset of its last batch
+        # Producer id -> base offset of its last batch, and of its last data batch (with
+        # markers of the same epoch its sequence numbers live in the data batch before them).
+        last_batch_of: dict[int, int] = {}
+        last_data_of: dict[int, int] = {}
         for s in log.segments:
             for h in _headers(s, s.size):
                 if h.producer_id >= 0:
                     last_batch_of[h.producer_id] = h.base_offset
+                    if not h.is_control:
+                        last_data_of[h.producer_id] = h.base_offset
         snapshots = list_snapshots(log.directory)
         # Per producer, while walking the log in order: the offset of its previous marker, and
         # whether a data batch of its current transaction stays in the cleaned log.
@@ -346,8 +354,9 @@ def _clean(
             for h, raw in _batches(old, size):
                 throttle.add(len(raw))
                 batch_position, position = position, position + h.size_bytes
-                producer_last = (
-                    h.producer_id >= 0 and last_batch_of.get(h.producer_id) == h.base_offset
+                producer_last = h.producer_id >= 0 and h.base_offset in (
+                    last_batch_of.get(h.producer_id),
+                    last_data_of.get(h.producer_id),
                 )
                 out: bytes | None = raw
                 below = h.last_offset < clean_point
@@ -373,8 +382,12 @@ def _clean(
                                         out = _stamped(raw, h, horizon)
                                     next_horizon = min(next_horizon, horizon)
                 elif h in aborted:
-                    if below and not producer_last:  # aborted data goes whole
+                    if below:  # aborted data goes whole; a producer's last batch stays, empty
                         out = None
+                        if producer_last and h.record_count:
+                            out = rebuild_batch(h, [], delete_horizon_of(h))
+                        elif producer_last:
+                            out = raw
                         removed_records += h.record_count
                 else:
                     filtered = _filter(
@@ -412,6 +425,10 @@ def _clean(
                 new.offset_index.flush(fsync=True)
                 new.time_index.flush(fsync=True)
                 new.txn_index.flush(fsync=True)
+                if old.txn_index.entries and not new.txn_index.entries:
+                    # Every entry went: an empty file (an empty index) replaces the old one at
+                    # the swap; with no file at all the old one would stay.
+                    _write_empty(new.txn_index.path)
                 new.fsync()
             new.close()
             replaced.append((old, size, not new.is_empty))
@@ -509,6 +526,14 @@ def _stamped(raw: bytes, h: BatchHeader, horizon: int) -> bytes:
     """Control batch ``raw`` with the delete horizon ``horizon`` (KIP-534, as tombstones)."""
     records, _ = walk_records(h, records_section(raw, h), check_timestamps=False)
     return rebuild_batch(h, records, horizon)
+
+
+def _write_empty(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fileio.ops.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _section_or_empty(raw: bytes, h: BatchHeader) -> bytes:
