@@ -3,34 +3,56 @@
 Theory of operation (Kafka's LogCleaner, one log at a time)
 -----------------------------------------------------------
 * Ranges: the *cleanable* range runs from the log start to the first segment that may not be
-  cleaned: the active segment, a segment holding offsets at or past the high watermark or the
+  cleaned: the active segment, a segment holding offsets at or past the last stable offset
+  (LSO, itself at or below the high watermark: every transaction below it is decided) or the
   recovery point (only durable data is cleaned), or a segment whose largest timestamp is newer
   than ``now - min.compaction.lag.ms``. Whole segments only. The *first dirty offset*
   (persisted in ``cleaner-offset-checkpoint``) splits it into the clean part (already
-  compacted) and the dirty part.
+  compacted) and the dirty part. A transaction left open therefore stops cleaning at its first
+  offset until it ends (Kafka's first unstable offset; ``transaction.timeout.ms`` bounds it).
+* Transactions: a transactional data batch below the LSO is aborted when its offset lies in
+  ``[first, marker]`` of an entry of its producer in the segments' aborted-transaction indexes
+  (``.txnindex``; a producer's transactions never overlap), else committed.
 * Pass 1 maps key → latest offset over the dirty part, at most ``max_keys`` keys (the memory
-  bound). When the map is full the pass is partial: it cleans only up to the *clean point*, the
-  offset after the last record mapped; the next pass continues from there.
+  bound), committed transactional records included, markers and aborted records left out (an
+  aborted value must not remove the committed one it would have replaced). When the map is
+  full the pass is partial: it cleans only up to the *clean point*, the offset after the last
+  record mapped; the next pass continues from there.
 * Pass 2 rewrites every segment of the cleanable range that starts below the clean point (each
   into one new segment of the same base offset; segments are not merged). A record is dropped
   when its key has a later offset in the map (records in the clean part are dropped as well
-  when the dirty part supersedes them). Kept always: records at or after the clean point,
-  records without a key (Kafka rejects keyless records on compacted topics; Logbus keeps
-  them) and control and transactional batches (whole: transactions are not compacted yet).
-  Transactional records are also left out of the key map, so they never make another record
-  obsolete: an aborted record must not remove the committed value it would have replaced
-  (Kafka removes aborted data and lets committed transactional records compact; Logbus keeps
-  both, which costs space, never correctness). Every transaction marker therefore stays and
-  each cleaned segment carries its aborted-transaction index (``.txnindex``) over unchanged.
-  The last batch of every producer (``producer_id >= 0``, last in the whole log) is filtered
-  like any other but never dropped: emptied, it stays as a batch of zero records with its
-  header (producer id, epoch, sequences, offset range), which idempotence needs after a
-  restart — as Kafka does.
+  when the dirty part supersedes them); committed transactional records are compacted so.
+  Kept always: records at or after the clean point and records without a key (Kafka rejects
+  keyless records on compacted topics; Logbus keeps them). A batch of an aborted transaction
+  below the clean point goes whole.
+* Markers (control batches) go like tombstones once their transaction has no data left: a
+  marker of producer ``p`` is kept while any transactional batch of ``p`` between ``p``'s previous marker
+  and it stays in the cleaned log; once none does, the pass stamps it with a delete horizon
+  ``now + delete.retention.ms`` and a pass at or after that drops it — so a reader that saw the
+  transaction's data before it went still finds the marker for ``delete.retention.ms``. Two
+  more rules keep a restart exact: a producer's last batch (a marker, usually) stays, and a
+  marker stays while a producer snapshot (``{offset}.snapshot``) lies between ``p``'s previous
+  marker and it — recovery replays from a snapshot, and one taken inside the transaction needs
+  the marker to close it (else the LSO would stick); only the newest two snapshots are kept,
+  near the log end, so this rarely holds a marker back. A control batch that is no transaction
+  marker stays as it is.
+* Aborted index: a cleaned segment keeps the entries whose ABORT marker it keeps (a segment
+  whose entries all go gets an empty ``.txnindex``). An entry whose marker stays after its data
+  went is harmless: it only tells ``read_committed`` to skip batches that are no longer there.
+  Entries are dropped only with their markers, never while aborted data they cover remains.
+* Producers: the last batch of every producer (``producer_id >= 0``, last in the whole log)
+  and its last data batch are filtered like any other but never dropped: emptied, they stay as
+  batches of zero records with their header (producer id, epoch, sequences, offset range),
+  which idempotence needs after a restart — as Kafka does. (The last batch is a marker after a
+  transaction; with markers of the same epoch the sequences live in the data batch before.)
+  An aborted last data batch stays empty, with its marker and index entry.
 * Tombstones (a key with a null value) follow KIP-534: the first pass that rewrites a batch
   holding a tombstone stamps the batch with a delete horizon ``now + delete.retention.ms``
   (attribute bit + ``baseTimestamp``; record timestamps are kept). A pass at or after the
   horizon drops the batch's tombstones. A consumer that reads from the log start to its end
-  within ``delete.retention.ms`` of the first cleaning therefore sees every delete.
+  within ``delete.retention.ms`` of the first cleaning therefore sees every delete. So a
+  committed transactional record deleted by a later tombstone stays deleted (a consumer
+  group's offset committed in a transaction, then deleted, does not come back at a reload).
 * Surviving records keep their offsets, order, headers and timestamps; each rebuilt batch
   keeps its header fields and codec (:func:`core_log.batch.rebuild_batch`); an unchanged batch
   is copied byte for byte, an emptied batch is dropped, an emptied segment is removed and an
@@ -43,7 +65,7 @@ Theory of operation (Kafka's LogCleaner, one log at a time)
 * Scheduling (:func:`cleaning_priority`): a log is due when its dirty ratio (dirty bytes /
   cleanable bytes) is at least ``min.cleanable.dirty.ratio``, or a dirty segment is older
   than ``max.compaction.lag.ms``, or (with nothing dirty) the earliest delete horizon of a
-  kept tombstone has passed; the janitor cleans due logs dirtiest first. An explicit
+  kept tombstone or marker has passed; the janitor cleans due logs dirtiest first. An explicit
   :func:`clean_log` always runs (with nothing dirty it only drops expired tombstones).
   The active segment is not rolled for ``max.compaction.lag.ms`` (``segment.ms`` does that).
 * Throttle: an optional bytes-per-second bound on what the cleaner reads and writes.
