@@ -26,10 +26,12 @@ Theory of operation (Kafka's LogCleaner, one log at a time)
   keyless records on compacted topics; Logbus keeps them). A batch of an aborted transaction
   below the clean point goes whole.
 * Markers (control batches) go like tombstones once their transaction has no data left: a
-  marker of producer ``p`` is kept while any transactional batch of ``p`` between ``p``'s previous marker
-  and it stays in the cleaned log; once none does, the pass stamps it with a delete horizon
-  ``now + delete.retention.ms`` and a pass at or after that drops it — so a reader that saw the
-  transaction's data before it went still finds the marker for ``delete.retention.ms``. Two
+  marker of producer ``p`` is kept while any transactional batch of ``p`` between ``p``'s
+  previous marker and it stays in the cleaned log; once none does, the pass stamps it with a
+  delete horizon ``now + delete.retention.ms`` and a pass at or after that drops it — so a
+  reader that saw the transaction's data before it went still finds the marker for
+  ``delete.retention.ms``. A marker held back by the rules below is stamped by the first pass
+  with dirty data after they stop holding it. Two
   more rules keep a restart exact: a producer's last batch (a marker, usually) stays, and a
   marker stays while a producer snapshot (``{offset}.snapshot``) lies between ``p``'s previous
   marker and it — recovery replays from a snapshot, and one taken inside the transaction needs

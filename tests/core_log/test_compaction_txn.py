@@ -27,7 +27,7 @@ from core_log.config import LogConfig
 from core_log.handles import HandleCache
 from core_log.isolation import committed_records
 from core_log.log import PartitionLog
-from core_log.producer_state import snapshot_path
+from core_log.producer_state import list_snapshots, snapshot_path
 
 FAST_TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 NOW = 1_700_000_000_000
@@ -378,8 +378,18 @@ def check(log: PartitionLog, model: Model) -> None:
     assert set(index_entries(log)) <= marker_offsets
 
 
-@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("seed", range(12))
 def test_model_random_transactional_workload(tmp_path: Path, seed: int) -> None:
+    model_workload(tmp_path, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(12, 100))
+def test_model_random_transactional_workload_long(tmp_path: Path, seed: int) -> None:
+    model_workload(tmp_path, seed)
+
+
+def model_workload(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     clock = ManualClock(NOW)
     cfg = config(**{"segment.bytes": rng.choice([100, 250, 600])})
@@ -447,18 +457,34 @@ def test_model_random_transactional_workload(tmp_path: Path, seed: int) -> None:
     check(log, model)
     assert log.last_stable_offset == log.high_watermark
     # Now the log is "latest committed value per key, tombstones and aborted data gone".
-    latest: dict[bytes | None, tuple[int, bytes | None, bytes | None]] = {}
-    for r in model.committed(log.high_watermark):
-        latest[r[1]] = r
-    want = sorted(r for r in latest.values() if r[2] is not None)
+    final: dict[bytes | None, tuple[int, bytes | None, bytes | None]] = {}
+    for rec in model.committed(log.high_watermark):
+        final[rec[1]] = rec
+    want = sorted(rec for rec in final.values() if rec[2] is not None)
     assert uncommitted_view(log) == committed_view(log) == want
-    # Every marker left is a producer's last batch or ends a transaction with data left.
-    kept_markers = markers(log)
-    last_of = {pid: b for b, pid, _, _ in batches(log) if pid >= 0}
-    data_txn_pids = {pid for b, pid, control, _ in batches(log) if pid >= 0 and not control}
-    for m in kept_markers:
-        pid = next(p for b, p, _, _ in batches(log) if b == m)
-        assert last_of[pid] == m or pid in data_txn_pids
+    # A marker whose data (a tombstone) went in that pass goes delete.retention.ms later. Then
+    # every marker left is its producer's last batch, ends a transaction with a batch left, or
+    # has a producer snapshot inside its transaction.
+    clock.advance(RETENTION)
+    log.clean()
+    assert uncommitted_view(log) == committed_view(log) == want
+    stored = batches(log)
+    snapshots = list_snapshots(tmp_path)
+    last_of = {pid: b for b, pid, _, _ in stored if pid >= 0}
+    previous: dict[int, int] = {}
+    txn_batch: set[int] = set()
+    for b, pid, control, _ in stored:
+        if pid < 0:
+            continue
+        if not control:
+            txn_batch.add(pid)
+            continue
+        earlier = previous.get(pid, -1)
+        assert last_of[pid] == b or pid in txn_batch or any(earlier < o <= b for o in snapshots), (
+            f"marker {b} of producer {pid} should have gone"
+        )
+        previous[pid] = b
+        txn_batch.discard(pid)
     log.close()
     reopened = open_log(tmp_path, clock, cfg, clean=False)
     assert uncommitted_view(reopened) == committed_view(reopened) == want
