@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from core_log.batch import Record, build_batch, decode_records, scan_batches
+from core_log.cleaner import clean_log
 from core_log.clock import ManualClock
 from core_log.config import LogConfig
 from core_log.handles import HandleCache
@@ -489,4 +490,59 @@ def model_workload(tmp_path: Path, seed: int) -> None:
     reopened = open_log(tmp_path, clock, cfg, clean=False)
     assert uncommitted_view(reopened) == committed_view(reopened) == want
     assert reopened.last_stable_offset == reopened.high_watermark
+    reopened.close()
+
+
+class Crash(BaseException):
+    """A simulated process crash: nothing after the hook runs, no cleanup."""
+
+
+@pytest.mark.parametrize("clean_shutdown", [True, False])
+@pytest.mark.parametrize("stage", ["cleaned", "swap", "mid-swap"])
+def test_crash_while_markers_and_index_entries_go(
+    tmp_path: Path, stage: str, clean_shutdown: bool
+) -> None:
+    """The pass that removes ABORT markers (and empties a segment's ``.txnindex``) crashes at
+    each step of the swap: after a restart the log is either the one before or the one after,
+    its index entries exactly those of its ABORT markers, its LSO at the high watermark."""
+    clock = ManualClock(NOW)
+    cfg = config(**{"segment.bytes": 400})
+    log = open_log(tmp_path, clock, cfg)
+    p, q = Producer(log, 1), Producer(log, 2)
+    for i in range(6):
+        plain(log, (b"k%d" % i, b"v"))
+        p.send((b"k%d" % i, b"aborted"))
+        last_abort = p.end(commit=False)
+        q.send((b"j%d" % i, b"committed"))
+        q.end(commit=True)
+    roll_everything(log, clock)
+    log.clean()  # the aborted data goes; the markers get their horizon
+    want = committed_view(log)
+    with_markers = markers(log)
+    entries = index_entries(log)
+    assert len(entries) == 6
+    log.write_checkpoint()  # the recovery point at the end, as a running broker has it
+    clock.advance(RETENTION)
+
+    def hook(at: str) -> None:
+        if at == stage:
+            raise Crash(at)
+
+    with pytest.raises(Crash):
+        clean_log(log, hook=hook)
+    reopened = open_log(tmp_path, clock, cfg, clean=clean_shutdown)
+    assert not [f for f in tmp_path.iterdir() if f.suffix in (".cleaned", ".swap")]
+    assert uncommitted_view(reopened) == committed_view(reopened) == want
+    left = markers(reopened)
+    if stage == "cleaned":
+        assert left == with_markers  # rolled back
+    else:
+        assert len(left) < len(with_markers)  # committed
+    assert set(index_entries(reopened)) == set(entries) & set(left)
+    assert reopened.last_stable_offset == reopened.high_watermark
+    reopened.clean()  # the next pass completes the work
+    assert uncommitted_view(reopened) == committed_view(reopened) == want
+    # Producer 1's last batch stays (and its last data batch, emptied): so do that marker and
+    # its entry.
+    assert index_entries(reopened) == [last_abort]
     reopened.close()
