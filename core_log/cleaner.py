@@ -21,7 +21,12 @@ Theory of operation (Kafka's LogCleaner, one log at a time)
 * Pass 2 rewrites every segment of the cleanable range that starts below the clean point (each
   into one new segment of the same base offset; segments are not merged). A record is dropped
   when its key has a later offset in the map (records in the clean part are dropped as well
-  when the dirty part supersedes them); committed transactional records are compacted so.
+  when the dirty part supersedes them); committed transactional records are compacted so,
+  except that only a record after the transaction's marker supersedes one: the group
+  coordinator applies a transactional offset at its COMMIT marker, over a plain commit or
+  delete of the same key appended between the two, so removing the transactional record for
+  such a one would make a reload of ``__consumer_offsets`` differ from the live state (Kafka's
+  coordinator instead lets the newer record win; kept, the log reads the same both ways).
   Kept always: records at or after the clean point and records without a key (Kafka rejects
   keyless records on compacted topics; Logbus keeps them). A batch of an aborted transaction
   below the clean point goes whole.
@@ -351,11 +356,14 @@ def _clean(
         # markers of the same epoch its sequence numbers live in the data batch before them).
         last_batch_of: dict[int, int] = {}
         last_data_of: dict[int, int] = {}
+        markers_of: dict[int, list[int]] = {}  # producer id -> its markers' offsets, in order
         for s in log.segments:
             for h in _headers(s, s.size):
                 if h.producer_id >= 0:
                     last_batch_of[h.producer_id] = h.base_offset
-                    if not h.is_control:
+                    if h.is_control:
+                        markers_of.setdefault(h.producer_id, []).append(h.base_offset)
+                    else:
                         last_data_of[h.producer_id] = h.base_offset
         snapshots = list_snapshots(log.directory)
         # Per producer, while walking the log in order: the offset of its previous marker, and
@@ -414,8 +422,23 @@ def _clean(
                             out = raw
                         removed_records += h.record_count
                 else:
+                    # A committed transactional record is superseded only by a record after
+                    # its marker: the group coordinator applies transactional offsets at the
+                    # marker, over a record appended between them (see the module doc).
+                    applied_at = -1
+                    if h.is_transactional:
+                        ends = markers_of.get(h.producer_id, [])
+                        i = bisect.bisect_right(ends, h.base_offset)
+                        applied_at = ends[i] if i < len(ends) else LONG_MAX
                     filtered = _filter(
-                        h, raw, offset_map, clean_point, now, producer_last, horizon_for_new
+                        h,
+                        raw,
+                        offset_map,
+                        clean_point,
+                        now,
+                        producer_last,
+                        horizon_for_new,
+                        applied_at,
                     )
                     if filtered is not None:
                         out, removed, horizon = filtered
@@ -494,12 +517,14 @@ def _filter(
     now: int,
     producer_last: bool,
     horizon_for_new: int,
+    applied_at: int,
 ) -> tuple[bytes | None, int, int | None] | None:
     """Batch ``h`` (data, not aborted) without its obsolete records: (the batch to write —
     ``raw`` itself when unchanged, None when it goes —, records removed, the delete horizon of
-    a tombstone it keeps or None). None: keep the batch as it is (unreadable, or a record
-    timestamp out of range). Decided from keys alone (C scan, no Record objects); the batch is
-    decoded in full only when it is rewritten."""
+    a tombstone it keeps or None). A record is superseded by a later offset of its key past
+    ``applied_at`` too (a committed transactional batch: its marker; else -1). None: keep the
+    batch as it is (unreadable, or a record timestamp out of range). Decided from keys alone
+    (C scan, no Record objects); the batch is decoded in full only when it is rewritten."""
     section = _section_or_empty(raw, h)
     keys = _keys_or_none(raw, h, section)
     if keys is None:
@@ -509,7 +534,10 @@ def _filter(
     keep = [
         h.base_offset + delta >= clean_point
         or key is None
-        or (offset_map.get(key, -1) <= h.base_offset + delta and not (tombstone and expired))
+        or (
+            offset_map.get(key, -1) <= max(h.base_offset + delta, applied_at)
+            and not (tombstone and expired)
+        )
         for key, delta, tombstone in keys
     ]
     kept_count = sum(keep)

@@ -252,12 +252,25 @@ def test_open_transactions_are_not_touched(tmp_path: Path) -> None:
     assert [r for r in got if r[0] >= first_open] == [r for r in before if r[0] >= first_open]
     # Marker 2 went with its horizon (its data is gone); marker 7 is above the LSO.
     assert 7 in markers(log) and 2 not in markers(log)
-    # Once committed (and the LSO moved), the records compact like any others.
+    # Once committed (and the LSO moved), the records compact like any others — but "k" =
+    # "open" stays while the later "k" = "after" (4) precedes its marker (8): a reader that
+    # applies a transaction at its marker (the group coordinator) then gets the same from the
+    # compacted log as from the whole one. A record after the marker removes it.
     p.end(commit=True)  # 8
-    plain(log, (b"z", b"z"))
+    plain(log, (b"z", b"z"))  # 9
     roll_everything(log, clock)
     log.clean()
-    assert committed_view(log) == [(4, b"k", b"after"), (5, b"j", b"j-new"), (9, b"z", b"z")]
+    assert committed_view(log) == [
+        (3, b"k", b"open"),
+        (4, b"k", b"after"),
+        (5, b"j", b"j-new"),
+        (9, b"z", b"z"),
+    ]
+    assert uncommitted_view(log) == committed_view(log)
+    plain(log, (b"k", b"last"))  # 10
+    roll_everything(log, clock)
+    log.clean()
+    assert committed_view(log) == [(5, b"j", b"j-new"), (9, b"z", b"z"), (10, b"k", b"last")]
     assert uncommitted_view(log) == committed_view(log)
     log.close()
 
@@ -338,6 +351,14 @@ class Model:
     records: dict[int, tuple[bytes | None, bytes | None]] = field(default_factory=dict)
     aborted: set[int] = field(default_factory=set)
     open_: dict[int, list[int]] = field(default_factory=dict)  # pid -> offsets of its open txn
+    marker_of: dict[int, int] = field(default_factory=dict)  # committed txn record -> marker
+
+    def end(self, pid: int, commit: bool, marker: int) -> None:
+        ended = self.open_.pop(pid, [])
+        if commit:
+            self.marker_of.update((o, marker) for o in ended)
+        else:
+            self.aborted.update(ended)
 
     def committed(self, lso: int) -> View:
         """What read_committed would return from a log never compacted: no aborted record,
@@ -422,10 +443,7 @@ def model_workload(tmp_path: Path, seed: int) -> None:
         elif op < 0.7:
             p = producers[rng.choice([1, 2, 3])]
             commit = rng.random() < 0.6
-            p.end(commit)
-            ended = model.open_.pop(p.pid, [])
-            if not commit:
-                model.aborted.update(ended)
+            model.end(p.pid, commit, p.end(commit))
         elif op < 0.78:
             clock.advance(rng.choice([10, RETENTION // 2, RETENTION + 1, cfg.segment_ms]))
             log.roll_if_expired()
@@ -446,10 +464,7 @@ def model_workload(tmp_path: Path, seed: int) -> None:
     # Commit or abort what is open, then clean everything twice, past delete.retention.ms.
     for pid in list(model.open_):
         commit = rng.random() < 0.5
-        producers[pid].end(commit)
-        ended = model.open_.pop(pid)
-        if not commit:
-            model.aborted.update(ended)
+        model.end(pid, commit, producers[pid].end(commit))
     roll_everything(log, clock)
     log.clean()
     check(log, model)
@@ -457,11 +472,17 @@ def model_workload(tmp_path: Path, seed: int) -> None:
     log.clean()
     check(log, model)
     assert log.last_stable_offset == log.high_watermark
-    # Now the log is "latest committed value per key, tombstones and aborted data gone".
-    final: dict[bytes | None, tuple[int, bytes | None, bytes | None]] = {}
+    # Now the log is "latest committed value per key, tombstones and aborted data gone" — and a
+    # committed transactional record whose key's latest record came before its marker.
+    latest: dict[bytes | None, int] = {}
     for rec in model.committed(log.high_watermark):
-        final[rec[1]] = rec
-    want = sorted(rec for rec in final.values() if rec[2] is not None)
+        latest[rec[1]] = rec[0]
+    want = [
+        rec
+        for rec in model.committed(log.high_watermark)
+        if rec[2] is not None
+        and (latest[rec[1]] == rec[0] or latest[rec[1]] <= model.marker_of.get(rec[0], -1))
+    ]
     assert uncommitted_view(log) == committed_view(log) == want
     # A marker whose data (a tombstone) went in that pass goes delete.retention.ms later. Then
     # every marker left is its producer's last batch, ends a transaction with a batch left, or
