@@ -46,11 +46,11 @@ Theory of operation
   the log batch by batch in the same way — transactional records wait for the next marker of
   their producer — so it rebuilds exactly the live state; transactions still open stay pending
   for their markers, and the load reads on until no marker appended meanwhile is left unread.
-  An unload drops the pending offsets with the rest. Compaction keeps transactional batches and
-  markers whole (:mod:`core_log.cleaner`), so superseded plain commits go without changing what
-  a load rebuilds. Known gap (the cleaner's): a committed transactional offset deleted later (a
-  group deleted or expired, a topic deleted) comes back at a load once its tombstone is past
-  ``delete.retention.ms`` and compacted away (an xfail test shows it). At most
+  An unload drops the pending offsets with the rest. Compaction (:mod:`core_log.cleaner`)
+  keeps a marker while data of its transaction remains, removes aborted batches whole, and
+  removes a committed transactional offset only for a record of its key after its marker (one
+  in between is overridden at the marker here), so a load rebuilds the live state; a
+  committed transactional offset deleted later stays deleted. At most
   ``MAX_PENDING_TXN_OFFSETS`` (100,000) pending offsets per producer and offsets partition.
 * **Time.** One task sleeps until the earliest session or revocation deadline of any group (or
   a second at most) and expires members; the same task drops the offsets of groups that have

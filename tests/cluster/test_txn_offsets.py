@@ -514,12 +514,6 @@ def test_committed_offset_type_is_the_one_committed_returns(tmp_path: Path) -> N
     run(tmp_path, body)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap in core_log.cleaner: transactional batches are never compacted, so once "
-    "a tombstone's delete horizon passes, a committed transactional offset it deleted comes "
-    "back at the next load (Kafka compacts committed transactional records like others)",
-)
 def test_a_deleted_transactional_offset_stays_deleted_after_compaction(tmp_path: Path) -> None:
     async def body(data: Path) -> None:
         configs = {**OFFSETS_TOPIC_CONFIGS, "segment.bytes": 400, "delete.retention.ms": 0}

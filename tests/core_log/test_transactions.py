@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core_log.batch import Record, build_batch, scan_batches
+from core_log.batch import BatchHeader, Record, build_batch, scan_batches
 from core_log.clock import ManualClock
 from core_log.config import LogConfig
 from core_log.control import parse_control_batch
@@ -350,7 +350,7 @@ def test_retention_deletes_the_index_with_its_segment(tmp_path: Path) -> None:
     assert committed_view(log) == [(o, v) for o, v in before if o >= log.log_start_offset]
 
 
-def test_compaction_keeps_markers_and_the_index_and_aborted_data_shadows_nothing(
+def test_compaction_drops_aborted_data_keeps_its_markers_and_it_shadows_nothing(
     tmp_path: Path,
 ) -> None:
     config = LogConfig(segment_bytes=600, index_interval_bytes=128, cleanup_policy="compact")
@@ -377,6 +377,14 @@ def test_compaction_keeps_markers_and_the_index_and_aborted_data_shadows_nothing
     before_index = [(s.base_offset, s.txn_index.entries) for s in log.segments]
     result = log.clean(T0 + 10)
     assert result is not None and result.swapped and result.records_removed > 0
+    # The aborted batches went (see tests/core_log/test_compaction_txn.py for the rest); their
+    # markers and index entries stay until delete.retention.ms after that.
+    active = log.segments[-1].base_offset  # never cleaned
+    assert all(
+        h.base_offset >= active
+        for h in stored_headers(log)
+        if h.is_transactional and not h.is_control
+    )
     after = committed_view(log)
     assert [v for _, v in after if v and v.startswith(b"committed")][-1] == b"committed-5"
     assert set(after) <= set(before_view)
@@ -386,6 +394,10 @@ def test_compaction_keeps_markers_and_the_index_and_aborted_data_shadows_nothing
     reopened = open_log(reopened_dir, config, clean=True)
     assert [(s.base_offset, s.txn_index.entries) for s in reopened.segments] == before_index
     assert committed_view(reopened) == after
+
+
+def stored_headers(log: PartitionLog) -> list[BatchHeader]:
+    return [h for s in log.segments for _, h in s.batch_positions(s.base_offset)]
 
 
 def test_txn_index_file_round_trip_and_checks(tmp_path: Path) -> None:
