@@ -55,61 +55,17 @@ from typing import IO, Any, Final
 
 import httpx
 
+from tests.jepsen.answer import Answer
+
 OUTPUT_BASE: Final = 10_000_000  # output value = input value + this (inputs are 1..10^7)
 CLIENT_TIMEOUT_S: Final = 15.0  # > the brokers' request timeout, so acks=all is answered
 BACKOFF_S: Final = 0.05
 TXN: Final = "/v1/transactions"
 TXN_TIMEOUT_MS: Final = 10_000  # a killed incarnation's transaction is aborted by the next begin
-RETRIABLE: Final = frozenset(
-    {
-        "CONCURRENT_TRANSACTIONS",
-        "NOT_COORDINATOR",
-        "COORDINATOR_LOAD_IN_PROGRESS",
-        "COORDINATOR_NOT_AVAILABLE",
-        "NOT_LEADER_OR_FOLLOWER",
-        "LEADER_NOT_AVAILABLE",
-        "NOT_ENOUGH_REPLICAS",
-        "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
-        "NETWORK_EXCEPTION",
-        "REQUEST_TIMED_OUT",
-        "UNKNOWN_TOPIC_OR_PARTITION",
-    }
-)
 
 
 def transform(value: int) -> int:
     return value + OUTPUT_BASE
-
-
-class Answer:
-    """One call's answer; ``status`` None when there was none."""
-
-    def __init__(self, status: int | None, body: Any = None) -> None:
-        self.status = status
-        self.body = body
-
-    @property
-    def code(self) -> str | None:
-        code = self.body.get("code") if isinstance(self.body, dict) else None
-        return code if isinstance(code, str) else None
-
-    @property
-    def ok(self) -> bool:
-        return self.status is not None and 200 <= self.status < 300
-
-    @property
-    def lost(self) -> bool:
-        return self.status is None or self.status >= 500
-
-    @property
-    def retriable(self) -> bool:
-        if self.lost or self.status == 421:
-            return True
-        flag = isinstance(self.body, dict) and self.body.get("retriable") is True
-        return flag or self.code in RETRIABLE
-
-    def __repr__(self) -> str:
-        return f"{self.status} {self.body!r}"[:300]
 
 
 class Refused(Exception):

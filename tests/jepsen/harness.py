@@ -56,6 +56,7 @@ import httpx
 
 from cluster.txn_state import TXN_STATE_TOPIC, txn_state_partition
 from tests.chaos.harness import ROUTE_DIRECT, ChaosCluster, eventually
+from tests.jepsen.answer import Answer
 from tests.jepsen.checker import Report, check
 from tests.jepsen.history import (
     READ_COMMITTED,
@@ -79,59 +80,8 @@ OP_RETRY_S: Final = 30.0  # a produce or an end is retried this long, then given
 # WAIT_S, 60 s; an overloaded SQLite store has left every partition leaderless for ~60 s).
 BEGIN_WAIT_S: Final = 120.0
 BACKOFF_S: Final = 0.05
-RETRIABLE_CODES: Final = frozenset(
-    {
-        "CONCURRENT_TRANSACTIONS",
-        "NOT_COORDINATOR",
-        "COORDINATOR_LOAD_IN_PROGRESS",
-        "COORDINATOR_NOT_AVAILABLE",
-        "NOT_LEADER_OR_FOLLOWER",
-        "LEADER_NOT_AVAILABLE",
-        "NOT_ENOUGH_REPLICAS",
-        "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
-        "NETWORK_EXCEPTION",
-        "REQUEST_TIMED_OUT",
-    }
-)
 FINAL_PROCESS: Final = 10_000
 GIVE_UP_LOST: Final = 0.5  # how often a writer gives a transaction up at a produce's lost answer
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """One HTTP call's answer: ``status`` None when there was none (timeout, connection)."""
-
-    status: int | None
-    body: Any = None
-
-    @property
-    def code(self) -> str | None:
-        code = self.body.get("code") if isinstance(self.body, dict) else None
-        return code if isinstance(code, str) else None
-
-    @property
-    def ok(self) -> bool:
-        return self.status is not None and 200 <= self.status < 300
-
-    @property
-    def lost(self) -> bool:
-        """No answer, or one that does not say whether the call took effect."""
-        return self.status is None or self.status >= 500
-
-    @property
-    def retriable(self) -> bool:
-        if self.lost or self.status == 421:
-            return True
-        return (
-            isinstance(self.body, dict) and self.body.get("retriable") is True
-        ) or self.code in RETRIABLE_CODES
-
-    @property
-    def internal_error(self) -> bool:
-        """A 500, or a 5xx without an error code: a bug, not an answer."""
-        return self.status is not None and (
-            self.status == 500 or (self.status >= 500 and self.code is None)
-        )
 
 
 def call(http: httpx.Client, method: str, url: str, **kw: Any) -> Answer:
