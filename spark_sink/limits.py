@@ -31,5 +31,15 @@ RETRY_BACKOFF_MAX_S = 1.0
 PRODUCE_MAX_BYTES = 512 * 1024
 PRODUCE_MAX_RECORDS = 5_000
 
+# A transactional sink task buffers each partition's next request; across all partitions it
+# holds at most this many payload bytes (the largest buffer is sent when it is reached), so a
+# task writing to hundreds of partitions does not hold hundreds of 512 KiB requests.
+SINK_BUFFER_MAX_BYTES = 16 * 1024 * 1024
+
+# Kafka's transaction.timeout.ms for the sink is the broker's transaction.max.timeout.ms
+# (15 min): a micro-batch's transactions stay open from the tasks' first writes until the
+# driver commits the batch, which waits for the slowest task.
+TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000
+
 # Partitions one query may follow: each costs a little work per trigger on the driver.
 MAX_TOPIC_PARTITIONS = 100_000
