@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
 from typing import Any
 
@@ -47,7 +48,12 @@ def values(http: httpx.Client, topic: str, isolation: str = "read_committed") ->
             )
             assert r.status_code == 200, r.text
             doc = r.json()
-            out.extend(str(rec["value"]) for rec in doc["records"])
+            out.extend(
+                base64.b64decode(rec["value_b64"]).decode()
+                if "value_b64" in rec
+                else str(rec["value"])
+                for rec in doc["records"]
+            )
             if doc["next_offset"] <= offset:
                 break  # at the last stable offset: an open transaction
             offset = doc["next_offset"]
