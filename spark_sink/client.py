@@ -5,9 +5,10 @@ with connection reuse, a timeout on every request, ``Authorization: Bearer`` whe
 configured, and the cluster's routing: the ``url`` option may list several brokers). It is
 created where it is used — on the driver for metadata, inside ``read()``/``write()`` on
 executors — and never pickled. Every call is retried on transport errors, retriable statuses
-and 421s, on another broker where the one asked is gone: reads are idempotent, and produces
-always carry an ``Idempotency-Key`` and so cannot be appended twice. Produces go to any broker
-(the broker places the records and forwards each partition's batch to its leader).
+and 421s, on another broker where the one asked is gone: reads are idempotent, produces carry
+an ``Idempotency-Key`` (to any broker, which places the records and forwards each partition's
+batch to its leader) or, in a transaction, a producer sequence (to the partition's leader), and
+so cannot be appended twice; a transaction's commit or abort repeated gets the same answer.
 
 The hot path of ``read()`` — binary fetches of a few MiB, one after the other — goes through
 :class:`BinaryFetcher` instead, keep-alive connections of the standard library's

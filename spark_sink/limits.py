@@ -18,9 +18,10 @@ REQUEST_TIMEOUT_S = 60.0
 
 # Attempts of a request that failed with a transport error, a retriable status (5xx, 429) or a
 # 421 from a broker that does not lead (see logbus_client.routing). Reads are idempotent,
-# produces carry an Idempotency-Key, so a retry never duplicates. 100 ms doubling to 1 s over
-# 16 attempts is 13.5 s of backoff: more than a leader failover takes with the default
-# broker.session.timeout.ms of 9 s, so a query rides out a leader kill without failing a task.
+# produces carry an Idempotency-Key or a transactional sequence, so a retry never duplicates.
+# 100 ms doubling to 1 s over 16 attempts is 13.5 s of backoff: more than a leader failover
+# takes with the default broker.session.timeout.ms of 9 s, so a query rides out a leader kill
+# without failing a task.
 MAX_ATTEMPTS = 16
 RETRY_BACKOFF_S = 0.1
 RETRY_BACKOFF_MAX_S = 1.0
