@@ -23,6 +23,8 @@ committed by the driver when Spark commits the micro-batch (docs/transactions.md
   the session's headers and a sequence per partition (0, then + records): a retried request is
   answered with its original offsets. At most :data:`~spark_sink.limits.SINK_BUFFER_MAX_BYTES`
   are buffered across partitions (the largest buffer is sent first when that is reached).
+* A task that fails aborts its transaction itself (best effort: a killed executor leaves it
+  to the retry's new session, or to the transaction timeout).
 * The task does not commit: its commit message carries (transactional id, producer id,
   epoch, records). The driver's ``commit`` ends each task's transaction with a commit, one
   after the other; a repeat of a commit gets the same answer, so a retry is safe. ``abort``
@@ -393,20 +395,37 @@ def write_transaction(
                 0, 0, 0, txn_id, known["producer_id"], known["producer_epoch"], True
             )
         writer: _TxnWriter | None = None
-        for batch in batches:
-            for topic, record, size, key, part in _rows(batch, opts):
-                if writer is None:  # begins (and fences earlier attempts) at the first row
-                    session = client.begin_transaction(txn_id, opts.transaction_timeout_ms)
-                    writer = _TxnWriter(client, opts, txn_id, session, first)
-                writer.add(topic, record, size, key, part)
-                records += 1
+        try:
+            for batch in batches:
+                for topic, record, size, key, part in _rows(batch, opts):
+                    if writer is None:  # begins (and fences earlier attempts) at the first row
+                        session = client.begin_transaction(txn_id, opts.transaction_timeout_ms)
+                        writer = _TxnWriter(client, opts, txn_id, session, first)
+                    writer.add(topic, record, size, key, part)
+                    records += 1
+            if writer is not None:
+                writer.flush()
+        except BaseException:
+            if writer is not None:  # don't hold the partitions' LSO back until the timeout
+                _abort_quietly(client, txn_id, writer.session)
+            raise
         if writer is None:
-            if known is not None:  # no rows, but an earlier attempt may have left some open
+            if known is not None and known["state"] == "ongoing":
+                # no rows, but an earlier attempt left a transaction open: abort it now rather
+                # than let it hold the last stable offset back until its timeout
                 session = client.begin_transaction(txn_id, opts.transaction_timeout_ms)
                 return SinkCommitMessage(0, 0, 0, txn_id, *session)
             return SinkCommitMessage(0, 0, 0, txn_id)
-        writer.flush()
         return SinkCommitMessage(records, writer.requests, 0, txn_id, *writer.session)
+
+
+def _abort_quietly(client: LogbusClient, txn_id: str, session: tuple[int, int]) -> None:
+    """A failing task aborts its own transaction (Spark's ``abort`` never hears of a task that
+    failed for good); if that fails too, the retry's new session or the timeout aborts it."""
+    try:
+        client.end_transaction(txn_id, session[0], session[1], False)
+    except Exception as e:  # the task's own error is the one to report
+        log.warning("%s: aborting after a failure failed too: %s", txn_id, e)
 
 
 def end_transactions(
