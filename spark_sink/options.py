@@ -4,7 +4,8 @@ Names and meanings follow Spark's Kafka source and sink (``subscribe``, ``starti
 ``maxOffsetsPerTrigger``, ``failOnDataLoss``, ...); Logbus-specific ones are ``url`` (one or
 several broker URLs, comma-separated, like Kafka's ``bootstrap.servers``),
 ``token``/``tokenFile`` (sent as ``Authorization: Bearer``), ``fetchMaxBytes`` and
-``requestTimeoutMs``; the sink's ``transactional`` and Kafka's ``transaction.timeout.ms``;
+``requestTimeoutMs``; the sink's ``transactional`` and Kafka's ``transaction.timeout.ms``
+(also as ``kafka.transaction.timeout.ms``);
 the source's ``isolation.level`` (also as Spark's ``kafka.isolation.level``). Option names
 are case-insensitive, as in Spark.
 """
@@ -284,7 +285,13 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
         raise OptionError(
             "option acks=1 needs transactional=false: transactional writes are acks=all"
         )
-    timeout_ms = _int(opts, "transaction.timeout.ms", 1)
+    timeouts = {
+        _int(opts, name, 1) for name in ("transaction.timeout.ms", "kafka.transaction.timeout.ms")
+    }
+    timeouts.discard(None)
+    if len(timeouts) > 1:
+        raise OptionError("options transaction.timeout.ms and kafka.transaction.timeout.ms differ")
+    timeout_ms = timeouts.pop() if timeouts else None
     if timeout_ms is not None and timeout_ms > 2**31 - 1:
         raise OptionError(f"option transaction.timeout.ms must be at most {2**31 - 1}")
     return SinkOptions(
