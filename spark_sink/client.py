@@ -76,7 +76,6 @@ class PartitionState:
     log_start_offset: int
     high_watermark: int
     last_stable_offset: int = -1
-    leader: int = -1
 
 
 @dataclass(frozen=True)
@@ -154,7 +153,6 @@ class LogbusClient:
                     p["log_start_offset"],
                     p["high_watermark"],
                     p.get("last_stable_offset", -1),
-                    p.get("leader", -1),
                 )
                 for p in doc
             ]
