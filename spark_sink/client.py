@@ -5,9 +5,10 @@ with connection reuse, a timeout on every request, ``Authorization: Bearer`` whe
 configured, and the cluster's routing: the ``url`` option may list several brokers). It is
 created where it is used — on the driver for metadata, inside ``read()``/``write()`` on
 executors — and never pickled. Every call is retried on transport errors, retriable statuses
-and 421s, on another broker where the one asked is gone: reads are idempotent, and produces
-always carry an ``Idempotency-Key`` and so cannot be appended twice. Produces go to any broker
-(the broker places the records and forwards each partition's batch to its leader).
+and 421s, on another broker where the one asked is gone: reads are idempotent, produces carry
+an ``Idempotency-Key`` (to any broker, which places the records and forwards each partition's
+batch to its leader) or, in a transaction, a producer sequence (to the partition's leader), and
+so cannot be appended twice; a transaction's commit or abort repeated gets the same answer.
 
 The hot path of ``read()`` — binary fetches of a few MiB, one after the other — goes through
 :class:`BinaryFetcher` instead, keep-alive connections of the standard library's
@@ -67,9 +68,14 @@ def router(
 
 @dataclass(frozen=True)
 class PartitionState:
+    """A partition's offsets as its leader has them. ``high_watermark`` is where the reader's
+    view ends: at ``read_committed`` the source replaces it with the last stable offset (see
+    :meth:`LogbusClient.partitions`)."""
+
     partition: int
     log_start_offset: int
     high_watermark: int
+    last_stable_offset: int = -1
 
 
 @dataclass(frozen=True)
@@ -138,12 +144,22 @@ class LogbusClient:
             if r.status_code == 404:
                 return None
             _raise_for(r)
+            doc = r.json()
+            if all("leader" in p for p in doc):  # transactional produces go to the leaders
+                self._router.view.apply_partitions(topic, doc)
             states = [
-                PartitionState(p["partition"], p["log_start_offset"], p["high_watermark"])
-                for p in r.json()
+                PartitionState(
+                    p["partition"],
+                    p["log_start_offset"],
+                    p["high_watermark"],
+                    p.get("last_stable_offset", -1),
+                )
+                for p in doc
             ]
             unknown = [
-                s.partition for s in states if s.high_watermark < 0 or s.log_start_offset < 0
+                s.partition
+                for s in states
+                if s.high_watermark < 0 or s.log_start_offset < 0 or s.last_stable_offset < 0
             ]
             if not unknown:
                 return states
@@ -179,6 +195,71 @@ class LogbusClient:
         )
         _raise_for(r)
         return Produced(r.json()["offsets"], r.headers.get("logbus-duplicate") == "true")
+
+    # -- transactions (docs/transactions.md) -------------------------------------------------
+
+    def describe_transaction(self, transactional_id: str) -> dict[str, Any] | None:
+        """``GET /v1/transactions/{id}``; None if the coordinator does not know the id."""
+        r = self._request("GET", f"/v1/transactions/{quote(transactional_id, safe='')}")
+        if r.status_code == 404:
+            return None
+        _raise_for(r)
+        doc: dict[str, Any] = r.json()
+        return doc
+
+    def begin_transaction(self, transactional_id: str, timeout_ms: int) -> tuple[int, int]:
+        """A new producer session for ``transactional_id``: (producer id, epoch). It fences
+        every older session and aborts the transaction one left open. A retry after a lost
+        answer begins yet another session, which is harmless: nothing was written with the
+        first one."""
+        doc = self._json(
+            "POST",
+            f"/v1/transactions/{quote(transactional_id, safe='')}",
+            json={"transaction_timeout_ms": timeout_ms},
+        )
+        return int(doc["producer_id"]), int(doc["producer_epoch"])
+
+    def end_transaction(
+        self, transactional_id: str, producer_id: int, epoch: int, commit: bool
+    ) -> dict[str, Any]:
+        """Commit or abort the session's open transaction. Retry-safe: the coordinator answers
+        a repeat of the end that bumped the epoch with the same answer."""
+        how = "commit" if commit else "abort"
+        doc: dict[str, Any] = self._json(
+            "POST",
+            f"/v1/transactions/{quote(transactional_id, safe='')}/{how}",
+            json={"producer_id": producer_id, "producer_epoch": epoch},
+        )
+        return doc
+
+    def produce_transactional(
+        self,
+        topic: str,
+        partition: int,
+        body: bytes,
+        transactional_id: str,
+        session: tuple[int, int],
+        sequence: int,
+    ) -> list[dict[str, int]]:
+        """One JSON request into the session's open transaction, to the partition's leader.
+        A retry carries the same sequence, so the broker answers a repeat with the original
+        offsets instead of appending it twice."""
+        r = self._request(
+            "POST",
+            f"/v1/topics/{quote(topic, safe='')}/partitions/{partition}/records",
+            partition=(topic, partition),
+            content=body,
+            headers={
+                "content-type": "application/json",
+                "logbus-transactional-id": transactional_id,
+                "logbus-producer-id": str(session[0]),
+                "logbus-producer-epoch": str(session[1]),
+                "logbus-sequence": str(sequence),
+            },
+        )
+        _raise_for(r)
+        offsets: list[dict[str, int]] = r.json()["offsets"]
+        return offsets
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -252,9 +333,14 @@ class BinaryFetcher:
         raise TypeError("BinaryFetcher holds a socket and is never pickled; create it in place")
 
     def fetch(
-        self, topic: str, partition: int, offset: int, max_bytes: int
+        self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool = False
     ) -> Fetched | OutOfRange:
-        query = urlencode({"offset": offset, "max_bytes": max_bytes})
+        """``committed``: ``isolation=read_committed`` (no aborted data, no markers, nothing
+        at or past the last stable offset; ``next_offset`` goes past what was skipped)."""
+        params: dict[str, Any] = {"offset": offset, "max_bytes": max_bytes}
+        if committed:
+            params["isolation"] = "read_committed"
+        query = urlencode(params)
         path = f"/v1/topics/{quote(topic, safe='')}/partitions/{partition}/records"
         status, headers, body = self._get((topic, partition), f"{path}?{query}")
         if status == 416:

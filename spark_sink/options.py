@@ -4,7 +4,10 @@ Names and meanings follow Spark's Kafka source and sink (``subscribe``, ``starti
 ``maxOffsetsPerTrigger``, ``failOnDataLoss``, ...); Logbus-specific ones are ``url`` (one or
 several broker URLs, comma-separated, like Kafka's ``bootstrap.servers``),
 ``token``/``tokenFile`` (sent as ``Authorization: Bearer``), ``fetchMaxBytes`` and
-``requestTimeoutMs``. Option names are case-insensitive, as in Spark.
+``requestTimeoutMs``; the sink's ``transactional`` and Kafka's ``transaction.timeout.ms``
+(also as ``kafka.transaction.timeout.ms``);
+the source's ``isolation.level`` (also as Spark's ``kafka.isolation.level``). Option names
+are case-insensitive, as in Spark.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from .offsets import (
 )
 
 OffsetSpec = Literal["earliest", "latest"] | PartitionOffsets
+# Kafka's consumer setting, bare or with Spark's kafka. prefix for consumer configs.
+ISOLATION_OPTIONS = ("isolation.level", "kafka.isolation.level")
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class SourceOptions:
     fetch_max_bytes: int = limits.FETCH_MAX_BYTES
     min_partitions: int | None = None
     max_records_per_partition: int | None = None
+    read_committed: bool = False  # isolation.level / kafka.isolation.level
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,8 @@ class SinkOptions:
     max_request_bytes: int = limits.PRODUCE_MAX_BYTES
     max_request_records: int = limits.PRODUCE_MAX_RECORDS
     acks: str = "all"
+    transactional: bool = True
+    transaction_timeout_ms: int = limits.TRANSACTION_TIMEOUT_MS
     fail_once_marker: str | None = None  # tests only: see spark_sink.sink
     fail_commit_once_marker: str | None = None  # tests only: see spark_sink.sink
 
@@ -236,6 +244,12 @@ def source_options(options: Mapping[str, str], *, batch: bool) -> SourceOptions:
     if max_offsets is not None and min_offsets is not None and min_offsets > max_offsets:
         raise OptionError("minOffsetsPerTrigger must not be above maxOffsetsPerTrigger")
     delay = opts.get("maxtriggerdelay")
+    isolation = {opts[k].strip().lower() for k in ISOLATION_OPTIONS if k in opts}
+    if len(isolation) > 1 or not isolation <= {"read_uncommitted", "read_committed"}:
+        raise OptionError(
+            "option isolation.level (or kafka.isolation.level) must be read_uncommitted (the "
+            f"default) or read_committed, got {sorted(isolation)}"
+        )
     fetch_bytes = _int(opts, "fetchMaxBytes", 1024) or limits.FETCH_MAX_BYTES
     return SourceOptions(
         connection=connection_of(opts),
@@ -257,6 +271,7 @@ def source_options(options: Mapping[str, str], *, batch: bool) -> SourceOptions:
         fetch_max_bytes=min(fetch_bytes, limits.FETCH_MAX_BYTES_CEILING),
         min_partitions=_int(opts, "minPartitions", 1),
         max_records_per_partition=_int(opts, "maxRecordsPerPartition", 1),
+        read_committed=isolation == {"read_committed"},
     )
 
 
@@ -265,12 +280,28 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
     acks = opts.get("acks", "all")
     if acks not in ("all", "1"):
         raise OptionError("option acks must be all or 1 (acks=0 answers without offsets)")
+    transactional = _bool(opts, "transactional", True)
+    if transactional and acks != "all":
+        raise OptionError(
+            "option acks=1 needs transactional=false: transactional writes are acks=all"
+        )
+    timeouts = {
+        _int(opts, name, 1) for name in ("transaction.timeout.ms", "kafka.transaction.timeout.ms")
+    }
+    timeouts.discard(None)
+    if len(timeouts) > 1:
+        raise OptionError("options transaction.timeout.ms and kafka.transaction.timeout.ms differ")
+    timeout_ms = timeouts.pop() if timeouts else None
+    if timeout_ms is not None and timeout_ms > 2**31 - 1:
+        raise OptionError(f"option transaction.timeout.ms must be at most {2**31 - 1}")
     return SinkOptions(
         connection=connection_of(opts),
         topic=opts.get("topic") or None,
         max_request_bytes=_int(opts, "maxRequestBytes", 1) or limits.PRODUCE_MAX_BYTES,
         max_request_records=_int(opts, "maxRequestRecords", 1) or limits.PRODUCE_MAX_RECORDS,
         acks=acks,
+        transactional=transactional,
+        transaction_timeout_ms=timeout_ms or limits.TRANSACTION_TIMEOUT_MS,
         fail_once_marker=opts.get("testing.failoncemarker"),
         fail_commit_once_marker=opts.get("testing.failcommitoncemarker"),
     )

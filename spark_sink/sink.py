@@ -6,23 +6,51 @@ required; ``key`` (string or binary), ``headers`` (array<struct<key string, valu
 column. A ``timestamp`` column (timestamp or long ms), if present, sets the record timestamps;
 otherwise the broker stamps them when it first appends them.
 
-Exactly once per micro-batch. A task cuts its rows, in order, into requests of at most
-``maxRequestRecords`` records and ``maxRequestBytes`` bytes (a new request also starts when
-the topic changes), and sends each as JSON with ``Idempotency-Key:
-spark-<queryId>-<batchId>-<task partition>-<chunk index>``. A re-run of the micro-batch (a
-retried task, or the query restarted from its checkpoint) cuts the same rows into the same
-requests, and the broker answers each repeat with the original offsets instead of appending it
-again. That needs the rows of a task to come in the same order on a re-run, which holds for
-deterministic plans; if they do not, the broker answers 422 and the task fails with a clear
-message rather than write twice. Records are visible to readers as soon as a task has written
-them (Logbus has no transactions), before Spark commits the batch.
+Theory of operation (the default, ``transactional=true``): one Logbus transaction per task,
+committed by the driver when Spark commits the micro-batch (docs/transactions.md).
+
+* A task's transactional id is ``spark-<queryId>-<batchId>-<task partition>`` (``spark-write-
+  <write uuid>-<task partition>`` for ``df.write``), cleaned to Kafka's 1..249 of
+  ``[a-zA-Z0-9._-]``. The task first asks the coordinator about it: ``complete_commit`` (or
+  ``prepare_commit``, decided) means an earlier run of this batch committed this task's rows and
+  Spark did not record the batch (the driver died between commits, or after them): the task
+  writes nothing. Otherwise it begins a session — which fences every earlier attempt of the
+  task and aborts what that left open — and writes.
+* The task places every row itself, as the broker would (a ``partition`` column wins; keyed
+  rows by Kafka's murmur2, :mod:`logbus_client.partitioner`; keyless rows stick to one
+  partition per request, then move on round robin), and sends each partition's rows as JSON
+  requests of at most ``maxRequestRecords``/``maxRequestBytes`` to the partition's leader, with
+  the session's headers and a sequence per partition (0, then + records): a retried request is
+  answered with its original offsets. At most :data:`~spark_sink.limits.SINK_BUFFER_MAX_BYTES`
+  are buffered across partitions (the largest buffer is sent first when that is reached).
+* A task that fails aborts its transaction itself (best effort: a killed executor leaves it
+  to the retry's new session, or to the transaction timeout).
+* The task does not commit: its commit message carries (transactional id, producer id,
+  epoch, records). The driver's ``commit`` ends each task's transaction with a commit, one
+  after the other; a repeat of a commit gets the same answer, so a retry is safe. ``abort``
+  aborts them. The transaction timeout (``transaction.timeout.ms``, 15 min by default, the
+  broker's maximum) must cover the time from a task's first write to the batch's commit.
+
+So each row is written exactly once, and nothing of a batch is visible to ``read_committed``
+readers before Spark commits it; the tasks' transactions are committed one after another, so
+such a reader may see part of a batch between two of them (and until the query re-runs the
+batch if the driver dies between them). ``read_uncommitted`` readers see rows as soon as a task
+writes them, aborted attempts included.
+
+``transactional=false`` keeps the earlier behaviour: each request carries ``Idempotency-Key:
+spark-<queryId>-<batchId>-<task partition>-<chunk index>``, and a re-run of a micro-batch with
+the same rows in the same order is answered as duplicates (the broker answers 422 if a re-run
+cut different requests, and the task fails rather than write twice). Records are visible to
+every reader as soon as a task writes them; no coordinator state is kept per task.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +75,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from logbus_client.partitioner import partition_for_key
+
+from . import limits
 from .client import LogbusClient
 from .errors import BrokerError, OptionError
 from .options import SinkOptions
@@ -58,9 +89,36 @@ JSON = "application/json"
 
 @dataclass
 class SinkCommitMessage(WriterCommitMessage):
+    """What a task reports to the driver. With transactions: the session whose open
+    transaction holds the task's rows (``records`` > 0), for the driver to commit."""
+
     records: int
     requests: int
     duplicates: int
+    transactional_id: str | None = None
+    producer_id: int = -1
+    producer_epoch: int = -1
+    already_committed: bool = False  # an earlier run of the batch committed these rows
+
+    @property
+    def to_commit(self) -> bool:
+        return self.transactional_id is not None and self.records > 0 and not self.already_committed
+
+
+_ILLEGAL = re.compile(r"[^a-zA-Z0-9._-]")
+MAX_TRANSACTIONAL_ID_CHARS = 249  # Kafka's (a topic name's) limit
+
+
+def transactional_id_of(*parts: object) -> str:
+    """``"-".join(parts)`` if that is a legal transactional id; else a deterministic legal one:
+    illegal characters replaced and a hash of the original appended (so two different ids never
+    collide), cut to fit 249 characters."""
+    raw = "-".join(str(p) for p in parts)
+    clean = _ILLEGAL.sub("_", raw)
+    if clean == raw and 0 < len(raw) <= MAX_TRANSACTIONAL_ID_CHARS:
+        return raw
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:32]
+    return f"{clean[: MAX_TRANSACTIONAL_ID_CHARS - 33]}-{digest}"
 
 
 def check_schema(schema: StructType, opts: SinkOptions) -> None:
@@ -138,8 +196,11 @@ class _Chunker:
         return out
 
 
-def _rows(batch: pa.RecordBatch, opts: SinkOptions) -> Iterator[tuple[str, dict[str, Any], int]]:
-    """(topic, JSON record, payload bytes) per row."""
+Row = tuple[str, dict[str, Any], int, bytes | None, int | None]
+
+
+def _rows(batch: pa.RecordBatch, opts: SinkOptions) -> Iterator[Row]:
+    """(topic, JSON record, payload bytes, key, partition column) per row."""
     cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
     values = cols["value"]
     keys = cols.get("key")
@@ -153,14 +214,19 @@ def _rows(batch: pa.RecordBatch, opts: SinkOptions) -> Iterator[tuple[str, dict[
             raise OptionError("a row has a null topic and the sink has no topic option")
         record: dict[str, Any] = {}
         size = 16
+        key: bytes | None = None
+        partition: int | None = None
         if value is not None:
             record["value_b64"] = _b64(value)
             size += len(value)
         if keys is not None and keys[i] is not None:
-            record["key_b64"] = _b64(keys[i])
-            size += len(keys[i])
+            raw_key = keys[i]
+            key = raw_key.encode() if isinstance(raw_key, str) else raw_key
+            record["key_b64"] = _b64(raw_key)
+            size += len(raw_key)
         if partitions is not None and partitions[i] is not None:
-            record["partition"] = partitions[i]
+            partition = partitions[i]
+            record["partition"] = partition
         if stamps is not None and stamps[i] is not None:
             record["timestamp"] = _ms(stamps[i])
         if headers is not None and headers[i]:
@@ -173,7 +239,7 @@ def _rows(batch: pa.RecordBatch, opts: SinkOptions) -> Iterator[tuple[str, dict[
                 hs.append(entry)
                 size += len(h["key"] or "") + 8
             record["headers"] = hs
-        yield topic, record, size
+        yield topic, record, size, key, partition
 
 
 def write_rows(
@@ -208,7 +274,7 @@ def write_rows(
             _maybe_fail_once(opts, sent)
 
         for batch in batches:
-            for topic, record, size in _rows(batch, opts):
+            for topic, record, size, _, _ in _rows(batch, opts):
                 records += 1
                 send(chunker.add(topic, record, size))
         send(chunker.flush())
@@ -217,7 +283,9 @@ def write_rows(
 
 def _maybe_fail_once(opts: SinkOptions, sent: int) -> None:
     """Tests only (option ``testing.failOnceMarker``): fail the task once, after its first
-    request was written, so Spark re-runs it; the marker file records that it happened."""
+    request was written, so Spark re-runs it; the marker file records that it happened. (With
+    transactions the failed attempt's transaction stays open until the retry's new session
+    aborts it.)"""
     if sent == 1:
         _fail_once(opts.fail_once_marker, "testing.failOnceMarker")
 
@@ -228,6 +296,166 @@ def _fail_once(marker: str | None, option: str) -> None:
     with open(marker, "w") as f:
         f.write("failed once\n")
     raise RuntimeError(f"injected failure ({option})")
+
+
+# -- transactions -----------------------------------------------------------------------------
+
+_COMMITTED = ("complete_commit", "prepare_commit")  # prepare_commit: decided, markers under way
+
+
+class _TxnWriter:
+    """A task's rows into its open transaction: placed per partition, buffered per partition,
+    sent as JSON requests with a sequence per partition (see the module doc)."""
+
+    def __init__(
+        self,
+        client: LogbusClient,
+        opts: SinkOptions,
+        txn_id: str,
+        session: tuple[int, int],
+        first: int,
+    ) -> None:
+        self.client = client
+        self.opts = opts
+        self.txn_id = txn_id
+        self.session = session
+        self.first = first  # where keyless rows start: spreads the tasks over partitions
+        self.counts: dict[str, int] = {}
+        self.sticky: dict[str, int] = {}
+        self.buffers: dict[tuple[str, int], tuple[list[dict[str, Any]], int]] = {}
+        self.buffered = 0
+        self.sequences: dict[tuple[str, int], int] = {}
+        self.requests = 0
+
+    def _count(self, topic: str) -> int:
+        n = self.counts.get(topic)
+        if n is None:
+            states = self.client.partitions(topic)
+            if not states:
+                raise OptionError(f"topic {topic!r} does not exist (the sink does not create it)")
+            n = self.counts[topic] = len(states)
+        return n
+
+    def add(
+        self, topic: str, record: dict[str, Any], size: int, key: bytes | None, part: int | None
+    ) -> None:
+        n = self._count(topic)
+        if part is not None:
+            if not 0 <= part < n:
+                raise OptionError(
+                    f"a row's partition {part} is not one of {topic}'s {n} partitions"
+                )
+            del record["partition"]  # the path names it
+        elif key is not None:
+            part = partition_for_key(key, n)
+        tp = (topic, self.sticky.setdefault(topic, self.first % n) if part is None else part)
+        records, size_bytes = self.buffers.get(tp, ([], 0))
+        while records and (
+            len(records) >= self.opts.max_request_records
+            or size_bytes + size > self.opts.max_request_bytes
+        ):
+            self.send(tp)  # a keyless row then goes to the next partition
+            tp = (topic, self.sticky[topic] if part is None else part)
+            records, size_bytes = self.buffers.get(tp, ([], 0))
+        records.append(record)
+        self.buffers[tp] = (records, size_bytes + size)
+        self.buffered += size
+        if self.buffered > limits.SINK_BUFFER_MAX_BYTES:
+            self.send(max(self.buffers, key=lambda t: self.buffers[t][1]))
+
+    def send(self, tp: tuple[str, int]) -> None:
+        records, size_bytes = self.buffers.pop(tp)
+        self.buffered -= size_bytes
+        sequence = self.sequences.get(tp, 0)
+        body = orjson.dumps({"records": records})
+        self.client.produce_transactional(tp[0], tp[1], body, self.txn_id, self.session, sequence)
+        self.sequences[tp] = sequence + len(records)
+        self.requests += 1
+        topic, part = tp
+        if self.sticky.get(topic) == part:  # the keyless rows move on to the next partition
+            self.sticky[topic] = (part + 1) % self.counts[topic]
+        _maybe_fail_once(self.opts, self.requests)
+
+    def flush(self) -> None:
+        for tp in sorted(self.buffers):
+            self.send(tp)
+
+
+def write_transaction(
+    batches: Iterator[pa.RecordBatch], opts: SinkOptions, txn_id: str, first: int
+) -> SinkCommitMessage:
+    """Write a task's rows into a new transaction of ``txn_id``, left open for the driver to
+    commit; nothing if an earlier run already committed this transaction (see the module doc)."""
+    records = 0
+    with LogbusClient(opts.connection) as client:
+        known = client.describe_transaction(txn_id)
+        if known is not None and known["state"] in _COMMITTED:
+            log.info("%s: committed by an earlier run of this batch; writing nothing", txn_id)
+            return SinkCommitMessage(
+                0, 0, 0, txn_id, known["producer_id"], known["producer_epoch"], True
+            )
+        writer: _TxnWriter | None = None
+        try:
+            for batch in batches:
+                for topic, record, size, key, part in _rows(batch, opts):
+                    if writer is None:  # begins (and fences earlier attempts) at the first row
+                        session = client.begin_transaction(txn_id, opts.transaction_timeout_ms)
+                        writer = _TxnWriter(client, opts, txn_id, session, first)
+                    writer.add(topic, record, size, key, part)
+                    records += 1
+            if writer is not None:
+                writer.flush()
+        except BaseException:
+            if writer is not None:  # don't hold the partitions' LSO back until the timeout
+                _abort_quietly(client, txn_id, writer.session)
+            raise
+        if writer is None:
+            if known is not None and known["state"] == "ongoing":
+                # no rows, but an earlier attempt left a transaction open: abort it now rather
+                # than let it hold the last stable offset back until its timeout
+                session = client.begin_transaction(txn_id, opts.transaction_timeout_ms)
+                return SinkCommitMessage(0, 0, 0, txn_id, *session)
+            return SinkCommitMessage(0, 0, 0, txn_id)
+        return SinkCommitMessage(records, writer.requests, 0, txn_id, *writer.session)
+
+
+def _abort_quietly(client: LogbusClient, txn_id: str, session: tuple[int, int]) -> None:
+    """A failing task aborts its own transaction (Spark's ``abort`` never hears of a task that
+    failed for good); if that fails too, the retry's new session or the timeout aborts it."""
+    try:
+        client.end_transaction(txn_id, session[0], session[1], False)
+    except Exception as e:  # the task's own error is the one to report
+        log.warning("%s: aborting after a failure failed too: %s", txn_id, e)
+
+
+def end_transactions(
+    opts: SinkOptions, messages: list[WriterCommitMessage | None], commit: bool, what: str
+) -> None:
+    """The driver's side: commit (or abort) every task's open transaction, one after the other.
+    A commit that fails raises (Spark then aborts the batch, and its re-run skips the tasks
+    already committed); an abort that fails is logged (the re-run's new sessions abort what
+    is left, and the transaction timeout would anyway)."""
+    done = [m for m in messages if isinstance(m, SinkCommitMessage)]
+    ends = sorted((m for m in done if m.to_commit), key=lambda m: m.transactional_id or "")
+    with LogbusClient(opts.connection) as client:
+        for m in ends:
+            assert m.transactional_id is not None
+            try:
+                client.end_transaction(m.transactional_id, m.producer_id, m.producer_epoch, commit)
+            except BrokerError as e:
+                if commit:
+                    raise
+                log.warning("%s: aborting %s failed: %s", what, m.transactional_id, e)
+    skipped = sum(m.already_committed for m in done)
+    log.info(
+        "%s: %s %d transactions, %d records in %d requests (%d tasks committed by an earlier run)",
+        what,
+        "committed" if commit else "aborted",
+        len(ends),
+        sum(m.records for m in ends),
+        sum(m.requests for m in ends),
+        skipped,
+    )
 
 
 def _task() -> Any:
@@ -249,8 +477,11 @@ class LogbusStreamWriter(DataSourceStreamArrowWriter):
         batch = ctx.getLocalProperty("streaming.sql.batchId")
         if batch is None:
             raise BrokerError(
-                "no micro-batch id in the task: cannot derive idempotency keys", status=0
+                "no micro-batch id in the task: cannot derive the transactional id", status=0
             )
+        if self.opts.transactional:
+            txn_id = transactional_id_of("spark", query, batch, ctx.partitionId())
+            return write_transaction(iterator, self.opts, txn_id, ctx.partitionId())
         prefix = f"spark-{query}-{batch}-{ctx.partitionId()}"
         return write_rows(iterator, self.opts, prefix)
 
@@ -258,6 +489,9 @@ class LogbusStreamWriter(DataSourceStreamArrowWriter):
         # Tests only (option testing.failCommitOnceMarker): fail the batch once after every
         # task wrote, so the query stops and its restart runs the batch again.
         _fail_once(self.opts.fail_commit_once_marker, "testing.failCommitOnceMarker")
+        if self.opts.transactional:
+            end_transactions(self.opts, messages, True, f"batch {batchId}")
+            return
         done = [m for m in messages if isinstance(m, SinkCommitMessage)]
         log.info(
             "batch %d: %d records in %d requests (%d answered as duplicates)",
@@ -268,11 +502,16 @@ class LogbusStreamWriter(DataSourceStreamArrowWriter):
         )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.opts.transactional:
+            end_transactions(self.opts, messages, False, f"batch {batchId}")
+            return
         log.warning("batch %d aborted; its re-run will not duplicate what was written", batchId)
 
 
 class LogbusBatchWriter(DataSourceArrowWriter):
-    """``df.write.format("logbus")``: exactly once across task retries of this one write."""
+    """``df.write.format("logbus")``: one transaction per task, committed by the driver when
+    every task has written (so the write is all or nothing for read_committed readers, up to
+    the moment between two task commits); task retries abort the failed attempt's."""
 
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
         check_schema(schema, opts)
@@ -281,5 +520,16 @@ class LogbusBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         ctx = _task()
+        if self.opts.transactional:
+            txn_id = transactional_id_of("spark-write", self.write_id, ctx.partitionId())
+            return write_transaction(iterator, self.opts, txn_id, ctx.partitionId())
         prefix = f"spark-write-{self.write_id}-{ctx.stageId()}-{ctx.partitionId()}"
         return write_rows(iterator, self.opts, prefix)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.opts.transactional:
+            end_transactions(self.opts, messages, True, f"write {self.write_id}")
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.opts.transactional:
+            end_transactions(self.opts, messages, False, f"write {self.write_id}")

@@ -18,6 +18,15 @@ reading, a partition that went away, or an offset that went backwards (a recreat
 the default ``true`` the query fails with :class:`DataLossError`; with ``false`` the reader logs
 a warning and goes on from what is still there. Gaps that compaction leaves inside a range are
 not data loss: the reader skips them, as Kafka consumers do.
+
+Isolation (``isolation.level`` or ``kafka.isolation.level``, as Kafka's consumer setting):
+``read_uncommitted`` (the default) reads every record up to the high watermark, open and
+aborted transactions' included. ``read_committed`` plans every range up to the partition's
+last stable offset instead (the first offset of a transaction still open), so a batch never
+waits for, nor includes, an open transaction; the fetches ask ``isolation=read_committed`` and
+the broker leaves out aborted records and the COMMIT/ABORT markers. A range [start, end) then
+yields fewer rows than ``end - start`` and offsets with gaps; the reader goes on from the
+fetch's next offset (past what was left out) and stops at ``end``.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -104,8 +114,12 @@ class RangePartition(InputPartition):
 # -- metadata ------------------------------------------------------------------------------
 
 
-def discover(client: LogbusClient, sub: Subscription) -> dict[TopicPartition, PartitionState]:
-    """Every subscribed partition that exists now, with its log start and high watermark."""
+def discover(
+    client: LogbusClient, sub: Subscription, committed: bool = False
+) -> dict[TopicPartition, PartitionState]:
+    """Every subscribed partition that exists now, with its log start and high watermark —
+    at ``read_committed`` (``committed``) its last stable offset in place of the latter, so
+    "latest" and every planned range end there."""
     if sub.pattern is not None:
         topics = [t for t in client.topics() if sub.matches(t)]
     elif sub.assigned:
@@ -118,6 +132,8 @@ def discover(client: LogbusClient, sub: Subscription) -> dict[TopicPartition, Pa
         for state in client.partitions(topic) or []:
             tp = (topic, state.partition)
             if not wanted or tp in wanted:
+                if committed:  # the readable end: never past an open transaction
+                    state = replace(state, high_watermark=state.last_stable_offset)
                 out[tp] = state
     if len(out) > limits.MAX_TOPIC_PARTITIONS:
         raise OptionError(f"the subscription matches {len(out)} partitions, over the cap")
@@ -255,7 +271,7 @@ def read_range(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     with BinaryFetcher(opts.connection) as fetcher:
         offset = r.start
         while offset < r.end:
-            got = fetcher.fetch(r.topic, r.partition, offset, ask)
+            got = fetcher.fetch(r.topic, r.partition, offset, ask, opts.read_committed)
             if isinstance(got, OutOfRange):
                 if offset >= got.log_start_offset:  # past the log end: truncated
                     report_data_loss(
@@ -275,8 +291,11 @@ def read_range(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
             cols = decode(got.data, offset, r.end, opts.include_headers)
             if cols[0]:
                 yield record_batch(cols, r.topic, r.partition, opts.include_headers)
-            if cols[1] > offset:
-                offset = cols[1]
+            past = cols[1]
+            if opts.read_committed:  # aborted batches and markers were skipped: offsets gap
+                past = max(past, min(got.next_offset, r.end))
+            if past > offset:
+                offset = past
             elif got.data and ask < limits.FETCH_MAX_BYTES_CEILING:
                 ask = min(ask * 2, limits.FETCH_MAX_BYTES_CEILING)  # a batch larger than ask
             elif not got.data and got.high_watermark <= offset:
@@ -343,10 +362,12 @@ class LogbusStreamReader(_Driver, DataSourceStreamReader, SupportsTriggerAvailab
     def initialOffset(self) -> dict[str, Any]:
         o = self.opts
         client = self.client()
-        return to_json_dict(starting_offsets(client, o, discover(client, o.subscription)))
+        return to_json_dict(
+            starting_offsets(client, o, discover(client, o.subscription, o.read_committed))
+        )
 
     def prepareForTriggerAvailableNow(self) -> None:
-        states = discover(self.client(), self.opts.subscription)
+        states = discover(self.client(), self.opts.subscription, self.opts.read_committed)
         self._target = {tp: s.high_watermark for tp, s in states.items()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -358,7 +379,7 @@ class LogbusStreamReader(_Driver, DataSourceStreamReader, SupportsTriggerAvailab
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = from_json_dict(start, "start offset")
-        states = discover(self.client(), self.opts.subscription)
+        states = discover(self.client(), self.opts.subscription, self.opts.read_committed)
         latest = {tp: s.high_watermark for tp, s in states.items()}
         self._latest = latest  # what the broker has, even past an availableNow target
         if self._target is not None:
@@ -401,7 +422,7 @@ class LogbusStreamReader(_Driver, DataSourceStreamReader, SupportsTriggerAvailab
         until = from_json_dict(end, "end offset")
         if begin == until:
             return []
-        states = discover(self.client(), self.opts.subscription)
+        states = discover(self.client(), self.opts.subscription, self.opts.read_committed)
         return [RangePartition(r) for r in plan_ranges(begin, until, states, self.opts)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -422,7 +443,7 @@ class LogbusBatchReader(_Driver, DataSourceReader):
         o = self.opts
         client = self.client()
         try:
-            states = discover(client, o.subscription)
+            states = discover(client, o.subscription, o.read_committed)
             start = starting_offsets(client, o, states)
             end = resolve_offsets(
                 client,

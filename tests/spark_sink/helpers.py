@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
 from typing import Any
 
@@ -32,3 +33,28 @@ def high_watermarks(http: httpx.Client, topic: str) -> dict[int, int]:
         p["partition"]: p["high_watermark"]
         for p in http.get(f"/v1/topics/{topic}/partitions").json()
     }
+
+
+def values(http: httpx.Client, topic: str, isolation: str = "read_committed") -> list[str]:
+    """Every record value of ``topic`` (as text) a reader at ``isolation`` sees, partition
+    after partition."""
+    out: list[str] = []
+    for p, hw in high_watermarks(http, topic).items():
+        offset = 0
+        while offset < hw:
+            r = http.get(
+                f"/v1/topics/{topic}/partitions/{p}/records",
+                params={"offset": offset, "isolation": isolation, "max_records": 10_000},
+            )
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            out.extend(
+                base64.b64decode(rec["value_b64"]).decode()
+                if "value_b64" in rec
+                else str(rec["value"])
+                for rec in doc["records"]
+            )
+            if doc["next_offset"] <= offset:
+                break  # at the last stable offset: an open transaction
+            offset = doc["next_offset"]
+    return out

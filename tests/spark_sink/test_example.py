@@ -10,7 +10,7 @@ import httpx
 from examples.clickstream import pipeline, produce_clicks
 from tests.server import BrokerProcess
 
-from .helpers import high_watermarks
+from .helpers import values
 
 
 def test_clickstream_example(
@@ -28,4 +28,4 @@ def test_clickstream_example(
     assert sorted((r.user, r.clicks) for r in rows) == sorted(
         [(f"user-{u}", 200) for u in (1, 2, 3)] * 2
     )
-    assert high_watermarks(http, "ex-counts") == {0: 6}
+    assert len(values(http, "ex-counts")) == 6  # committed by the sink's transactions

@@ -94,6 +94,19 @@ def test_assign_and_sink_options() -> None:
     assert o.subscription.assigned == (("a", 2), ("b", 0), ("b", 1))
     s = sink_options({**URL, "topic": "out", "maxRequestRecords": "10"})
     assert (s.topic, s.max_request_records, s.acks) == ("out", 10, "all")
+    assert (s.transactional, s.transaction_timeout_ms) == (True, 900_000)
+    s = sink_options({**URL, "kafka.transaction.timeout.ms": "60000"})
+    assert s.transaction_timeout_ms == 60_000
+    s = sink_options({**URL, "transactional": "false", "acks": "1"})
+    assert (s.transactional, s.acks) == (False, "1")
+    for bad, message in (
+        ({"acks": "1"}, "transactional=false"),
+        ({"transaction.timeout.ms": "0"}, "at least 1"),
+        ({"transaction.timeout.ms": "1", "kafka.transaction.timeout.ms": "2"}, "differ"),
+        ({"transactional": "maybe"}, "true or false"),
+    ):
+        with pytest.raises(OptionError, match=message):
+            sink_options({**URL, **bad})
 
 
 @pytest.mark.parametrize(

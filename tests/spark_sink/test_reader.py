@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -295,3 +296,81 @@ def test_binary_fetcher_sends_the_token_and_retries() -> None:
     assert [a for _, a in seen] == ["Bearer s3cret"] * 4
     assert seen[0][0] == "/prefix/v1/cluster"  # learnt once: one broker, used at its URL
     assert seen[1][0] == "/prefix/v1/topics/t%201/partitions/0/records?offset=5&max_bytes=1024"
+
+
+def _txn(http: httpx.Client, txn_id: str, topic: str, values: list[int], end: str | None) -> None:
+    """One transaction of ``values`` on partition 0, then ``end`` (commit, abort, or open)."""
+    r = http.post(f"/v1/transactions/{txn_id}", json={})
+    assert r.status_code == 201, r.text
+    session = {"producer_id": r.json()["producer_id"], "producer_epoch": r.json()["producer_epoch"]}
+    r = http.post(
+        f"/v1/topics/{topic}/partitions/0/records",
+        json={"records": [{"value": v} for v in values]},
+        headers={
+            "Logbus-Transactional-Id": txn_id,
+            "Logbus-Producer-Id": str(session["producer_id"]),
+            "Logbus-Producer-Epoch": str(session["producer_epoch"]),
+            "Logbus-Sequence": "0",
+        },
+    )
+    assert r.status_code == 200, r.text
+    if end is not None:
+        r = http.post(f"/v1/transactions/{txn_id}/{end}", json=session)
+        assert r.status_code == 200, r.text
+
+
+def test_read_committed_reads_committed_rows_only_and_stops_at_the_lso(
+    spark_broker: BrokerProcess, http: httpx.Client
+) -> None:
+    topic = new_topic(http, "rc", 1)
+    produce(http, topic, [{"value": v} for v in (0, 1, 2)])
+    _txn(http, f"{topic}-a", topic, [10, 11, 12], "commit")
+    _txn(http, f"{topic}-b", topic, [20, 21], "abort")
+    _txn(http, f"{topic}-a", topic, [30, 31], "commit")
+    _txn(http, f"{topic}-d", topic, [40, 41], None)  # open: the LSO is its first offset
+    produce(http, topic, [{"value": v} for v in (50, 51)])
+    committed = [0, 1, 2, 10, 11, 12, 30, 31]
+
+    def read_all(reader: LogbusStreamReader | LogbusBatchReader, *bounds: Any) -> list[int]:
+        return [
+            int(v) for part in reader.partitions(*bounds) for _, v in rows(list(reader.read(part)))
+        ]
+
+    committed_opts = {"isolation.level": "read_committed"}
+    r = stream_reader(
+        spark_broker, None, subscribe=topic, startingOffsets="earliest", **committed_opts
+    )
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadAllAvailable())
+    lso = end[topic]["0"]
+    assert lso == 3 + 4 + 3 + 3  # records and markers before transaction d
+    assert read_all(r, start, end) == committed
+    # ranges of two offsets: some hold only markers or aborted records, and yield nothing
+    batch = LogbusBatchReader(
+        source_options(
+            {
+                "url": spark_broker.url,
+                "subscribe": topic,
+                "kafka.isolation.level": "read_committed",
+                "maxRecordsPerPartition": "2",
+            },
+            batch=True,
+        )
+    )
+    assert read_all(batch) == committed
+    uncommitted = stream_reader(spark_broker, subscribe=topic, startingOffsets="earliest")
+    every = read_all(uncommitted, start, uncommitted.latestOffset(start, ReadAllAvailable()))
+    assert every == [0, 1, 2, 10, 11, 12, 20, 21, 30, 31, 40, 41, 50, 51]
+
+    r2 = http.get(f"/v1/transactions/{topic}-d")  # commit d: the rest becomes readable
+    session = {k: r2.json()[k] for k in ("producer_id", "producer_epoch")}
+    assert http.post(f"/v1/transactions/{topic}-d/commit", json=session).status_code == 200
+    later = r.latestOffset(end, ReadAllAvailable())
+    assert read_all(r, end, later) == [40, 41, 50, 51]
+
+    for bad in (
+        {"isolation.level": "serializable"},
+        {"isolation.level": "read_committed", "kafka.isolation.level": "read_uncommitted"},
+    ):
+        with pytest.raises(OptionError, match=r"isolation\.level"):
+            source_options({"url": spark_broker.url, "subscribe": topic, **bad}, batch=False)

@@ -1,5 +1,7 @@
-"""The sink without Spark: schema checks, request cutting, JSON records, and the exactly-once
-replay against a real broker (same key + same body → duplicate; other body → a clear 422)."""
+"""The sink without Spark: schema checks, request cutting, JSON records, the exactly-once
+replay against a real broker (same key + same body → duplicate; other body → a clear 422),
+and the transactional path: placement, invisible until the driver's commit, a retried task
+aborting its earlier attempt, a re-run of a committed task writing nothing."""
 
 from __future__ import annotations
 
@@ -19,12 +21,21 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from cluster.partitioner import partition_for_key
 from spark_sink.errors import BrokerError, OptionError
 from spark_sink.options import sink_options
-from spark_sink.sink import _Chunker, _rows, check_schema, write_rows
+from spark_sink.sink import (
+    _Chunker,
+    _rows,
+    check_schema,
+    end_transactions,
+    transactional_id_of,
+    write_rows,
+    write_transaction,
+)
 from tests.server import BrokerProcess
 
-from .helpers import high_watermarks, new_topic
+from .helpers import high_watermarks, new_topic, values
 
 HEADERS = ArrayType(
     StructType([StructField("key", StringType()), StructField("value", BinaryType())])
@@ -64,8 +75,9 @@ def test_rows_become_json_records() -> None:
             "headers": [[{"key": "h", "value": b"v"}, {"key": "n", "value": None}], []],
         }
     )
-    (t1, r1, size1), (t2, r2, _) = _rows(batch, opts)
+    (t1, r1, size1, k1, p1), (t2, r2, _, k2, p2) = _rows(batch, opts)
     assert (t1, t2) == ("a", "b")
+    assert (k1, p1, k2, p2) == (b"\x00k", 2, None, None)
     assert base64.b64decode(r1["value_b64"]) == "héllo".encode()
     assert base64.b64decode(r1["key_b64"]) == b"\x00k"
     assert r1["partition"] == 2 and r1["timestamp"] == 1_767_225_600_000
@@ -90,7 +102,14 @@ def test_a_replay_is_a_duplicate_and_other_contents_are_refused(
     spark_broker: BrokerProcess, http: httpx.Client
 ) -> None:
     topic = new_topic(http, "replay", 2)
-    opts = sink_options({"url": spark_broker.url, "topic": topic, "maxRequestRecords": "4"})
+    opts = sink_options(
+        {
+            "url": spark_broker.url,
+            "topic": topic,
+            "maxRequestRecords": "4",
+            "transactional": "false",
+        }
+    )
 
     def batches(values: list[str]) -> list[pa.RecordBatch]:
         return [pa.RecordBatch.from_pydict({"value": values, "key": [v[:1] for v in values]})]
@@ -105,3 +124,48 @@ def test_a_replay_is_a_duplicate_and_other_contents_are_refused(
         write_rows(iter(batches(list(reversed(values)))), opts, "spark-test-q-0-0")
     assert e.value.status == 422
     assert sum(high_watermarks(http, topic).values()) == 10
+
+
+def test_transactional_ids_are_legal_and_deterministic() -> None:
+    assert transactional_id_of("spark", "q-1", 3, 0) == "spark-q-1-3-0"
+    odd = transactional_id_of("spark", "q/1 ü", 3, 0)
+    assert odd == transactional_id_of("spark", "q/1 ü", 3, 0)
+    assert odd.startswith("spark-q_1__-3-0-") and odd != transactional_id_of("spark", "q_1 ü", 3, 0)
+    long = transactional_id_of("spark", "x" * 300, 1, 2)
+    assert len(long) == 249 and long != transactional_id_of("spark", "x" * 300, 1, 3)
+
+
+def test_a_task_transaction_is_invisible_until_the_driver_commits(
+    spark_broker: BrokerProcess, http: httpx.Client
+) -> None:
+    topic = new_topic(http, "txn-task", 3)
+    opts = sink_options({"url": spark_broker.url, "topic": topic, "maxRequestRecords": "7"})
+    keys = [f"k{i % 13}" for i in range(60)]
+
+    def batches() -> list[pa.RecordBatch]:
+        return [pa.RecordBatch.from_pydict({"value": [str(i) for i in range(60)], "key": keys})]
+
+    txn_id = transactional_id_of("spark", "test-q", 0, 0)
+    failed = write_transaction(iter(batches()), opts, txn_id, 0)  # an attempt that then died
+    retry = write_transaction(iter(batches()), opts, txn_id, 0)  # fences and aborts it
+    assert (retry.records, retry.transactional_id) == (60, txn_id)
+    assert values(http, topic) == []  # read_committed: nothing before the commit
+    assert len(values(http, topic, "read_uncommitted")) == 120
+    with pytest.raises(BrokerError):  # the failed attempt's session is fenced
+        end_transactions(opts, [failed], True, "test")
+    end_transactions(opts, [retry, None], True, "test")
+    end_transactions(opts, [retry], True, "test")  # a repeat of the commit is harmless
+    assert sorted(values(http, topic), key=int) == [str(i) for i in range(60)]
+    for p in range(3):  # keyed rows land where the broker's partitioner puts them
+        r = http.get(f"/v1/topics/{topic}/partitions/{p}/records", params={"offset": 0})
+        for rec in r.json()["records"]:
+            if rec["offset"] < high_watermarks(http, topic)[p]:
+                want = partition_for_key(keys[int(rec["value"])].encode(), 3)
+                assert want == p
+    again = write_transaction(iter(batches()), opts, txn_id, 0)  # a re-run of the batch
+    assert again.already_committed and again.records == 0 and not again.to_commit
+    assert len(values(http, topic, "read_uncommitted")) == 120
+
+    with pytest.raises(OptionError, match="not one of"):
+        rows = {"value": ["x"], "partition": pa.array([5], pa.int32())}
+        write_transaction(iter([pa.RecordBatch.from_pydict(rows)]), opts, "spark-bad-0-0", 0)

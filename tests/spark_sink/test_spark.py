@@ -24,7 +24,7 @@ from pyspark.sql.types import (
 
 from tests.server import BrokerProcess
 
-from .helpers import high_watermarks, new_topic, produce
+from .helpers import high_watermarks, new_topic, produce, values
 
 # The schema Spark's Kafka source documents (structured-streaming-kafka-integration.html).
 KAFKA_SCHEMA = StructType(
@@ -199,12 +199,14 @@ def test_a_sink_task_that_fails_once_writes_each_record_once(
         **{"testing.failOnceMarker": str(marker)},
     )
     assert marker.exists()  # a task did fail after writing, and was re-run
-    assert sum(high_watermarks(http, target).values()) == 3000
+    # the failed attempt's first request is there, aborted: only read_uncommitted sees it
+    assert len(values(http, target, "read_uncommitted")) > 3000
     back = (
         spark.read.format("logbus")
         .option("url", spark_broker.url)
         .option("subscribe", target)
         .option("includeHeaders", "true")
+        .option("kafka.isolation.level", "read_committed")
         .load()
     )
     rows = back.selectExpr("CAST(key AS STRING) k", "CAST(value AS STRING) v", "headers").collect()
@@ -216,8 +218,7 @@ def test_a_sink_task_that_fails_once_writes_each_record_once(
     rows_in = [(f"k{i}", f"v{i}", two if i % 7 == 0 else one) for i in range(100)]
     frame = spark.createDataFrame(rows_in, "key string, value string, topic string")
     frame.write.format("logbus").mode("append").option("url", spark_broker.url).save()
-    assert sum(high_watermarks(http, one).values()) == 85
-    assert sum(high_watermarks(http, two).values()) == 15
+    assert (len(values(http, one)), len(values(http, two))) == (85, 15)
 
 
 def test_a_micro_batch_rerun_after_a_restart_writes_each_record_once(
@@ -240,13 +241,42 @@ def test_a_micro_batch_rerun_after_a_restart_writes_each_record_once(
             **{"testing.failCommitOnceMarker": str(marker)},
         )
 
-    # Every task wrote, then the batch failed before Spark committed it: the query stops.
+    # Every task wrote, then the batch failed before Spark committed it: the query stops,
+    # and none of the batch is visible at read_committed (read_uncommitted sees the rows).
     with pytest.raises(StreamingQueryException, match="failCommitOnceMarker"):
         run()
-    assert sum(high_watermarks(http, target).values()) == 2000
-    q = run()  # the restart runs batch 0 again: every request is answered as a duplicate
+    assert values(http, target) == []
+    assert len(values(http, target, "read_uncommitted")) == 2000
+    q = run()  # the restart runs batch 0 again: new sessions abort the first run's transactions
     assert [p["batchId"] for p in q.recentProgress if p["numInputRows"]] == [0]
-    assert sum(high_watermarks(http, target).values()) == 2000
+    assert sorted(values(http, target), key=int) == [str(i) for i in range(2000)]
+
+
+def test_a_stream_over_several_micro_batches_commits_each_row_once(
+    spark: Any, spark_broker: BrokerProcess, http: httpx.Client, tmp_path: Path
+) -> None:
+    source = new_topic(http, "multi-in", 2)
+    target = new_topic(http, "multi-out", 3)
+    produce(http, source, [{"value": i, "partition": i % 2, "key": f"k{i}"} for i in range(1500)])
+    df = stream(
+        spark,
+        spark_broker,
+        subscribe=source,
+        startingOffsets="earliest",
+        maxOffsetsPerTrigger="500",
+    )
+    q = run_available_now(
+        df.selectExpr("key", "CAST(value AS STRING) AS value"),
+        "logbus",
+        str(tmp_path / "ck"),
+        url=spark_broker.url,
+        topic=target,
+    )
+    assert len([p for p in q.recentProgress if p["numInputRows"]]) == 3
+    assert sorted(values(http, target), key=int) == [str(i) for i in range(1500)]
+    # the transactions are committed: none is left open to hold read_committed readers back
+    stable = [p["last_stable_offset"] for p in http.get(f"/v1/topics/{target}/partitions").json()]
+    assert stable == list(high_watermarks(http, target).values())
 
 
 def _wait_for_log_start(http: httpx.Client, topic: str, past: int) -> int:
