@@ -11,37 +11,12 @@ from __future__ import annotations
 import functools
 import itertools
 
-_M = 0x5BD1E995
-_SEED = 0x9747B28C
-_MASK = 0xFFFFFFFF
+from logbus_client.partitioner import murmur2 as client_murmur2
 
-
-@functools.lru_cache(maxsize=65_536)
-def murmur2(data: bytes) -> int:
-    """Kafka's ``Utils.murmur2`` as a signed 32-bit int."""
-    length = len(data)
-    h = (_SEED ^ length) & _MASK
-    n4 = length // 4
-    for i in range(n4):
-        k = int.from_bytes(data[i * 4 : i * 4 + 4], "little")
-        k = (k * _M) & _MASK
-        k ^= k >> 24
-        k = (k * _M) & _MASK
-        h = (h * _M) & _MASK
-        h ^= k
-    rest = length % 4
-    tail = n4 * 4
-    if rest == 3:
-        h ^= data[tail + 2] << 16
-    if rest >= 2:
-        h ^= data[tail + 1] << 8
-    if rest >= 1:
-        h ^= data[tail]
-        h = (h * _M) & _MASK
-    h ^= h >> 13
-    h = (h * _M) & _MASK
-    h ^= h >> 15
-    return h - (1 << 32) if h & 0x80000000 else h
+# One murmur2 for the broker and its clients (the Spark sink places records itself): the pure
+# function lives in the client package, which imports nothing of the server's; the broker adds
+# a cache, since keys repeat.
+murmur2 = functools.lru_cache(maxsize=65_536)(client_murmur2)
 
 
 def partition_for_key(key: bytes, partitions: int) -> int:

@@ -1,14 +1,15 @@
 """Which partition a client sends a record to, as Kafka's producer chooses. Pure functions.
 
-A copy of the broker's ``cluster/partitioner.py`` rules, so clients (the Spark sink) place
-records exactly where the broker itself would, without importing server packages:
+The broker's own rules (``cluster/partitioner.py`` uses this murmur2), here so that clients
+(the Spark sink) place records exactly where the broker would, without importing server
+packages:
 
 * keyed records: ``(murmur2(key) & 0x7fffffff) % partitions`` with Kafka's murmur2 (seed
   0x9747b28c) — the partition a Kafka producer picks for the same key;
 * keyless records: the caller's choice (the Spark sink sticks to one partition per request and
   moves on round robin, as KIP-480's sticky partitioner does).
 
-``tests/client/test_partitioner.py`` checks this copy against the broker's on random keys.
+``tests/client/test_partitioner.py`` checks it against Kafka's published values.
 """
 
 from __future__ import annotations

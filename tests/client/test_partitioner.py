@@ -1,4 +1,4 @@
-"""The client's copy of the partitioner agrees with the broker's (cluster.partitioner)."""
+"""The broker (cluster.partitioner: the client's murmur2, cached) and the client agree."""
 
 from __future__ import annotations
 
