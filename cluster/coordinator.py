@@ -1013,18 +1013,24 @@ class Coordinator:
 
     # -- polling ---------------------------------------------------------------------------------
 
-    def position(self, group_id: str, member: Member, tp: TopicPartition) -> int:
+    def position(
+        self, group_id: str, member: Member, tp: TopicPartition, *, stable: bool = False
+    ) -> int:
         """Where the member reads ``tp`` next: its position, else the committed offset, else
-        ``auto_offset_reset``; a committed offset outside the log is reset the same way."""
+        ``auto_offset_reset``; a committed offset outside the log is reset the same way.
+        ``stable`` (a read_committed poll): ``latest`` is the last stable offset, as for a
+        Kafka consumer at read_committed, so a transaction open at that moment is read once it
+        commits rather than skipped."""
         pos = member.positions.get(tp)
         if pos is not None:
             return pos
         p = self.broker.reader(*tp, direct=False)
         committed = self._offsets.get(group_id, {}).get(tp)
+        end = _stable_end(p) if stable else p.high_watermark
         if committed is not None and p.log_start_offset <= committed.offset <= p.high_watermark:
             pos = committed.offset
         else:
-            pos = self._reset(member, tp, p.log_start_offset, p.high_watermark)
+            pos = self._reset(member, tp, p.log_start_offset, end)
         member.positions[tp] = pos
         return pos
 
@@ -1103,7 +1109,7 @@ class Coordinator:
             if budget <= 0:
                 break
             p = await self.broker.known_reader(*tp, direct=False)
-            pos = self.position(group_id, member, tp)
+            pos = self.position(group_id, member, tp, stable=committed)
             if pos >= p.high_watermark:
                 continue
             try:
@@ -1326,6 +1332,14 @@ def _txn_sequence(entry: ProducerEntry | None, epoch: int) -> int:
     if entry is None or entry.epoch != epoch:
         return 0
     return next_sequence(entry.last_seq)
+
+
+def _stable_end(p: Any) -> int:
+    """A reader's last stable offset where it knows one (a local leader, or a remote one once
+    read), else its high watermark."""
+    lso = getattr(p, "last_stable_offset", -1)
+    hw: int = p.high_watermark
+    return lso if isinstance(lso, int) and 0 <= lso <= hw else hw
 
 
 def _log_failure(task: asyncio.Future[None]) -> None:

@@ -101,6 +101,32 @@ def test_read_committed_fetch(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_read_committed_member_starting_at_latest_starts_at_the_last_stable_offset(
+    tmp_path: Path,
+) -> None:
+    """``auto_offset_reset=latest`` at read_committed is the last stable offset (Kafka's
+    rule): a transaction open when the member joins is read once it commits, not skipped."""
+
+    async def main() -> None:
+        async with app_client(tmp_path / "d") as (c, state):
+            p = await _topic(c, state)
+            await p.append(plain(b"p0"))  # 0
+            await p.append(txn(7, 0, b"t1", b"t2"), transactional=True)  # 1-2: open
+            await p.append(plain(b"p3"))  # 3
+            joined = await c.post(
+                "/v1/groups/late/members", json={"topics": ["t"], "auto_offset_reset": "latest"}
+            )
+            assert joined.status_code == 201, joined.text
+            url = f"/v1/groups/late/members/{joined.json()['member_id']}/records"
+            r = await c.get(url, params={"isolation": "read_committed"})
+            assert r.status_code == 200 and _values(r) == []
+            await p.append_marker(7, 1, True, 0)  # 4: COMMIT
+            r = await c.get(url, params={"isolation": "read_committed", "wait_ms": 10_000})
+            assert _values(r) == [(1, "t1"), (2, "t2"), (3, "p3")]
+
+    asyncio.run(main())
+
+
 def _event_offsets(chunk: bytes) -> list[int]:
     return [int(line[3:]) - 1 for line in chunk.split(b"\n") if line.startswith(b"id:")]
 
