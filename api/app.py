@@ -213,7 +213,7 @@ def _document_security(schema: dict[str, Any]) -> None:
 
 
 # What the broker enforces on names in paths, put in the document (see api.params.NameStr).
-_NAMED_PARAMS = {"topic": NAME_PATTERN, "group": NAME_PATTERN}
+_NAMED_PARAMS = {"topic": NAME_PATTERN, "group": NAME_PATTERN, "transactional_id": NAME_PATTERN}
 
 
 def _document_names(schema: dict[str, Any]) -> None:

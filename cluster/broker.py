@@ -74,11 +74,14 @@ from .metadata import (
 )
 from .partitioner import StickyPartitioner, partition_for_key
 from .replica_manager import ReplicaManager, ReplicationConfig
+from .txn_state import TXN_STATE_TOPIC
 
 _TRANSACTIONAL_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 BROKER_LEASE_MS = 30_000
 OFFSETS_TOPIC = "__consumer_offsets"  # committed offsets, written by cluster.coordinator only
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+# Written by their coordinators only: committed offsets, and transactions' state
+# (cluster.txn_coordinator).
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_STATE_TOPIC})
 # Configs of internal topics nobody may change: the offsets topic must stay compacted.
 INTERNAL_FIXED_CONFIGS = frozenset({"cleanup.policy"})
 T = TypeVar("T")
@@ -496,7 +499,8 @@ class Broker:
             if name in INTERNAL_TOPICS and INTERNAL_FIXED_CONFIGS & set(changes):
                 raise LogbusError(
                     f"{name} is internal: its {sorted(INTERNAL_FIXED_CONFIGS)} cannot change "
-                    f"(a delete policy would erase every group's committed offsets)",
+                    f"(a delete policy would erase every group's committed offsets or every "
+                    f"transaction's state)",
                     code=ErrorCode.POLICY_VIOLATION,
                     topic=name,
                 )
@@ -518,8 +522,8 @@ class Broker:
             topic = self.topic(name)
             if name in INTERNAL_TOPICS:
                 raise LogbusError(
-                    f"{name} is internal: its partition count is fixed (committed offsets are "
-                    f"placed by a hash of the group modulo {topic.partitions})",
+                    f"{name} is internal: its partition count is fixed (groups and "
+                    f"transactional ids are placed by a hash modulo {topic.partitions})",
                     code=ErrorCode.POLICY_VIOLATION,
                     topic=name,
                 )
@@ -944,7 +948,8 @@ def check_readable(topic: str) -> None:
     """Clients read internal topics only through the group API (and, later, as super users)."""
     if topic in INTERNAL_TOPICS:
         raise LogbusError(
-            f"{topic} is internal: read committed offsets through /v1/groups",
+            f"{topic} is internal: read committed offsets through /v1/groups, transactions "
+            "through /v1/transactions",
             code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
             topic=topic,
         )
@@ -953,7 +958,7 @@ def check_readable(topic: str) -> None:
 def _check_not_internal(topic: str) -> None:
     if topic in INTERNAL_TOPICS:
         raise LogbusError(
-            f"{OFFSETS_TOPIC} is internal: the group coordinator alone writes and deletes it",
+            f"{topic} is internal: its coordinator alone writes and deletes it",
             code=ErrorCode.INVALID_TOPIC_EXCEPTION,
         )
 

@@ -9,7 +9,7 @@ it appends), then commits or aborts; the answer carries the epoch of its next tr
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import APIRouter, Query, Request
 
@@ -34,9 +34,13 @@ from .common import errors
 
 router = APIRouter(prefix="/v1/transactions", tags=["transactions"])
 
+StateName = Literal[
+    "empty", "ongoing", "prepare_commit", "prepare_abort", "complete_commit", "complete_abort"
+]
 _STATES = [
     s.name.lower() for s in TxnState if s not in (TxnState.DEAD, TxnState.PREPARE_EPOCH_FENCE)
 ]
+assert set(get_args(StateName)) == set(_STATES), "the documented states are the persisted ones"
 
 
 @router.post(
@@ -116,7 +120,8 @@ async def list_transactions(
     request: Request,
     state: StateDep,
     states: Annotated[
-        list[str] | None, Query(alias="state", description=f"any of {', '.join(_STATES)}")
+        list[StateName] | None,
+        Query(alias="state", description="only these states; repeat for several"),
     ] = None,
     min_duration_ms: Annotated[int, Query(ge=0, le=2**62)] = 0,
 ) -> TxnList:

@@ -96,6 +96,25 @@ def test_internal_topic_takes_no_produce(http: httpx.Client) -> None:
     assert_problem(r, 400, "INVALID_TOPIC_EXCEPTION")
 
 
+def test_the_transaction_state_topic_is_internal_too(http: httpx.Client) -> None:
+    """``__transaction_state`` (the transaction coordinators' log) takes no client write,
+    read, deletion or change, and is not listed — as ``__consumer_offsets``."""
+    state = "__transaction_state"
+    assert http.post("/v1/transactions/guard-probe", json={}).status_code == 201  # it exists
+    before = _describe(http, state)
+    assert "__transaction_state" not in {t["name"] for t in http.get("/v1/topics").json()["topics"]}
+    r = http.post(f"/v1/topics/{state}/partitions/0/records", json={"records": [{"value": 1}]})
+    assert_problem(r, 400, "INVALID_TOPIC_EXCEPTION")
+    r = http.get(f"/v1/topics/{state}/partitions/0/records", params={"offset": 0})
+    assert "/v1/transactions" in assert_problem(r, 403, "TOPIC_AUTHORIZATION_FAILED")["detail"]
+    assert_problem(http.delete(f"/v1/topics/{state}"), 400, "INVALID_TOPIC_EXCEPTION")
+    r = http.post(f"/v1/topics/{state}/partitions", json={"count": 40})
+    assert_problem(r, 400, "POLICY_VIOLATION")
+    r = http.patch(f"/v1/topics/{state}/configs", json={"configs": {"cleanup.policy": "delete"}})
+    assert_problem(r, 400, "POLICY_VIOLATION")
+    assert _describe(http, state) == before
+
+
 def test_internal_topic_over_websocket(shared_broker: BrokerProcess) -> None:
     url = shared_broker.url.replace("http://", "ws://", 1) + "/v1/ws"
 
