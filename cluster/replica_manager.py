@@ -434,13 +434,8 @@ class ReplicaManager:
     ) -> AppendResult:
         leading = self.leader_of(topic, partition)
         replica = leading.replica
-        if wait_for_isr and not replica.enough_replicas:
-            raise LogbusError(
-                f"{topic}-{partition} has {len(replica.isr)} in-sync replicas, fewer than "
-                f"min.insync.replicas={replica.min_insync_replicas}",
-                code=ErrorCode.NOT_ENOUGH_REPLICAS,
-                isr=list(replica.isr),
-            )
+        if wait_for_isr:
+            _check_enough_replicas(topic, partition, replica)
         result = await leading.partition.append(
             data,
             leader_epoch=replica.leader_epoch,
@@ -468,13 +463,7 @@ class ReplicaManager:
         coordinator completes a transaction only once every marker is committed."""
         leading = self.leader_of(topic, partition)
         replica = leading.replica
-        if not replica.enough_replicas:
-            raise LogbusError(
-                f"{topic}-{partition} has {len(replica.isr)} in-sync replicas, fewer than "
-                f"min.insync.replicas={replica.min_insync_replicas}",
-                code=ErrorCode.NOT_ENOUGH_REPLICAS,
-                isr=list(replica.isr),
-            )
+        _check_enough_replicas(topic, partition, replica)
         result = await leading.partition.append_marker(
             producer_id,
             producer_epoch,
@@ -877,3 +866,15 @@ def _state(row: PartitionMeta) -> PartitionState:
 
 def _error(error: FetchError) -> PartitionFetchAnswer:
     return PartitionFetchAnswer(error, -1, -1, -1)
+
+
+def _check_enough_replicas(topic: str, partition: int, replica: LeaderReplica) -> None:
+    """NOT_ENOUGH_REPLICAS (retriable, nothing written) when an acks=all write could not be
+    committed: fewer in-sync replicas than ``min.insync.replicas``."""
+    if not replica.enough_replicas:
+        raise LogbusError(
+            f"{topic}-{partition} has {len(replica.isr)} in-sync replicas, fewer than "
+            f"min.insync.replicas={replica.min_insync_replicas}",
+            code=ErrorCode.NOT_ENOUGH_REPLICAS,
+            isr=list(replica.isr),
+        )
