@@ -156,8 +156,6 @@ class TxnCoordinator:
         self._task: asyncio.Task[None] | None = None
         self._create_task: asyncio.Future[None] | None = None
         self._closed = False
-        # Tests hold a commit here (the delayed end-transaction scenario); None in production.
-        self.before_end: Callable[[str, bool], Awaitable[None]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -547,9 +545,6 @@ class TxnCoordinator:
     async def _op_end(self, header: dict[str, Any]) -> dict[str, Any]:
         p, slot, state, txn_id = self._state_of(header)
         commit = bool(header["commit"])
-        if self.before_end is not None:
-            await self.before_end(txn_id, commit)
-            p, slot, state, txn_id = self._state_of(header)  # it may have moved meanwhile
         await self._ensure_pids()
         result = state.end_txn(
             txn_id,
@@ -810,24 +805,6 @@ class TxnCoordinator:
                     log.info("transaction %r: aborted after its timeout", result.transactional_id)
                     self._complete_later(p, slot, result.markers)
         return started
-
-    # -- for tests and metrics -------------------------------------------------------------------
-
-    def coordinates(self, transactional_id: str) -> bool:
-        n = self._known_partitions()
-        if n is None:
-            return False
-        slot = self._slots.get(txn_state_partition(transactional_id, n))
-        return slot is not None and slot.state is not None
-
-    def metadata(self, transactional_id: str) -> TxnMetadata | None:
-        n = self._known_partitions()
-        if n is None:
-            return None
-        slot = self._slots.get(txn_state_partition(transactional_id, n))
-        if slot is None or slot.state is None:
-            return None
-        return slot.state.transactions.get(transactional_id)
 
 
 async def _retrying(attempt: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
