@@ -197,11 +197,12 @@ class TxnClient:
         return self._note(how, a)
 
 
-def read_partition(
+def read_records(
     cluster: ChaosCluster, topic: str, partition: int, isolation: str, end: int
-) -> list[tuple[int, int]]:
-    """(offset, value) of every record of the partition below ``end``, from its leader."""
-    out: list[tuple[int, int]] = []
+) -> list[dict[str, Any]]:
+    """Every record (as the JSON fetch renders it) of the partition below ``end``, from its
+    leader."""
+    out: list[dict[str, Any]] = []
     position = 0
     with httpx.Client(timeout=CLIENT_TIMEOUT_S) as http:
         while position < end:
@@ -221,12 +222,20 @@ def read_partition(
                 return doc
 
             doc = eventually(page, f"{topic}-{partition} at {position} ({isolation})")
-            out.extend((int(r["offset"]), int(r["value"])) for r in doc["records"])
+            out.extend(doc["records"])
             nxt = int(doc["next_offset"])
             if nxt <= position:
                 break
             position = nxt
-    return [s for s in out if s[0] < end]
+    return [r for r in out if int(r["offset"]) < end]
+
+
+def read_partition(
+    cluster: ChaosCluster, topic: str, partition: int, isolation: str, end: int
+) -> list[tuple[int, int]]:
+    """(offset, value) of every record of the partition below ``end``, from its leader."""
+    records = read_records(cluster, topic, partition, isolation, end)
+    return [(int(r["offset"]), int(r["value"])) for r in records]
 
 
 def open_transactions(cluster: ChaosCluster, broker: int) -> list[dict[str, Any]] | None:

@@ -57,7 +57,12 @@ from cluster.txn_state import TXN_STATE_TOPIC
 from tests.chaos.harness import ChaosCluster, eventually, running_cluster
 from tests.jepsen.checker import Transform, check
 from tests.jepsen.ctp_loop import OUTPUT_BASE, transform
-from tests.jepsen.harness import CLIENT_TIMEOUT_S, coordinator_of, open_transactions
+from tests.jepsen.harness import (
+    CLIENT_TIMEOUT_S,
+    coordinator_of,
+    open_transactions,
+    read_records,
+)
 from tests.jepsen.history import (
     READ_COMMITTED,
     READ_UNCOMMITTED,
@@ -125,30 +130,8 @@ def read_all(
     cluster: ChaosCluster, topic: str, partition: int, isolation: str, end: int
 ) -> list[tuple[int, str | None, int]]:
     """(offset, key, value) of every record below ``end``, from the partition's leader."""
-    out: list[tuple[int, str | None, int]] = []
-    position = 0
-    with httpx.Client(timeout=CLIENT_TIMEOUT_S) as http:
-        while position < end:
-
-            def page(at: int = position) -> dict[str, Any] | None:
-                leader = cluster.leader(topic, partition)
-                if leader == -1:
-                    return None
-                r = http.get(
-                    cluster.url(leader) + f"/v1/topics/{topic}/partitions/{partition}/records",
-                    params={"offset": at, "max_records": 1000, "isolation": isolation},
-                    headers={"Logbus-Route": "direct"},
-                )
-                doc: dict[str, Any] | None = r.json() if r.status_code == 200 else None
-                return doc
-
-            doc = eventually(page, f"{topic}-{partition} at {position} ({isolation})")
-            out += [(int(r["offset"]), r.get("key"), int(r["value"])) for r in doc["records"]]
-            nxt = int(doc["next_offset"])
-            if nxt <= position:
-                break
-            position = nxt
-    return [r for r in out if r[0] < end]
+    records = read_records(cluster, topic, partition, isolation, end)
+    return [(int(r["offset"]), r.get("key"), int(r["value"])) for r in records]
 
 
 def group_offsets(cluster: ChaosCluster) -> dict[int, int]:
