@@ -158,7 +158,7 @@ class FastPath:
     ) -> None:
         started = time.perf_counter()
         headers = _headers(scope)
-        query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+        query = parse_query(scope["query_string"])
         route = "produce" if method == "POST" else "fetch"
         try:
             if method == "POST":
@@ -263,6 +263,20 @@ def _wants_sse(scope: Scope) -> bool:
     """SSE streams are served by the FastAPI route (a streaming response)."""
     accept = next((v for k, v in scope["headers"] if k == b"accept"), None)
     return accept is not None and streams.wants_sse(accept.decode("latin-1"))
+
+
+def parse_query(raw: bytes) -> dict[str, str]:
+    """The query string as ``parse_qsl(keep_blank_values=True)`` reads it, the last of a
+    repeated name winning; split by hand when nothing is escaped (``acks=1``: 1 µs, not 7)."""
+    text = raw.decode("latin-1")
+    if "%" in text or "+" in text:
+        return dict(parse_qsl(text, keep_blank_values=True))
+    query: dict[str, str] = {}
+    for part in text.split("&"):
+        if part:
+            name, _, value = part.partition("=")
+            query[name] = value
+    return query
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -6,11 +6,12 @@ offsets are collected at scrape time from the logs, so the hot path never update
 
 from __future__ import annotations
 
-import contextlib
+import bisect
+import math
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.broker import Broker
@@ -251,41 +252,19 @@ class _SecurityCollector(Collector):
         yield denials
 
 
-class Metrics:
-    def __init__(
-        self,
-        broker: Broker,
-        coordinator: Coordinator | None = None,
-        budgets: Budgets | None = None,
-        quotas: QuotaState | None = None,
-    ) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
-            "logbus_http_requests", "HTTP requests", ["route", "method", "status"], registry=r
-        )
-        self.latency = Histogram(
-            "logbus_http_request_duration_seconds",
-            "Time to answer",
-            ["route"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.bytes_in = Counter("logbus_bytes_in", "Bytes produced", ["topic"], registry=r)
-        self.bytes_out = Counter("logbus_bytes_out", "Bytes fetched", ["topic"], registry=r)
-        self.records_in = Counter("logbus_records_in", "Records produced", ["topic"], registry=r)
-        self.records_out = Counter("logbus_records_out", "Records fetched", ["topic"], registry=r)
-        self.loop_lag = LagRecorder(r)
-        r.register(_PartitionCollector(broker))
-        r.register(_LogDirCollector(broker))
-        if coordinator is not None:
-            r.register(_GroupCollector(coordinator))
-        if budgets is not None:
-            r.register(_LimitsCollector(budgets))
-        if quotas is not None:
-            r.register(_QuotaCollector(quotas))
-        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
-        self._topic_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
+class _Traffic(Collector):
+    """Produce and fetch requests, their latency, and bytes and records per topic.
+
+    Counted in plain ints and exported at scrape time, under the same names a
+    ``prometheus_client`` Counter and Histogram would use: their ``inc`` and ``observe`` take a
+    lock each, ≈ 6 µs of a one-record produce's ≈ 100 µs in five of them. The event loop is the
+    only writer, so no lock is needed; a scrape reads between two of its steps."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str, int], int] = {}
+        # route → (bucket counts, one per bound and +Inf, not cumulative; sum of seconds)
+        self.latency: dict[str, tuple[list[int], list[float]]] = {}
+        self.topics: dict[tuple[str, str], list[int]] = {}  # (route, topic) → [bytes, records]
 
     def observe(
         self,
@@ -297,41 +276,82 @@ class Metrics:
         records: int = 0,
         size_bytes: int = 0,
     ) -> None:
-        """Count one produce or fetch request (either path: fast or FastAPI).
-
-        Labelled children are cached: ``labels()`` costs a lock and a dict build per call.
-        """
+        """Count one produce or fetch request (either path: fast or FastAPI)."""
         key = (route, method, status)
-        children = self._request_children.get(key)
-        if children is None:
-            children = self._request_children[key] = (
-                self.requests.labels(route, method, str(status)),
-                self.latency.labels(route),
-            )
-        children[0].inc()
-        children[1].observe(seconds)
+        self.requests[key] = self.requests.get(key, 0) + 1
+        latency = self.latency.get(route)
+        if latency is None:
+            latency = self.latency[route] = ([0] * (len(LATENCY_BUCKETS_S) + 1), [0.0])
+        latency[0][bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        latency[1][0] += seconds
         if status < 300:
-            counters = self._topic_children.get((route, topic))
-            if counters is None:
-                pair = (
-                    (self.bytes_in, self.records_in)
-                    if route == "produce"
-                    else (self.bytes_out, self.records_out)
-                )
-                counters = self._topic_children[(route, topic)] = (
-                    pair[0].labels(topic),
-                    pair[1].labels(topic),
-                )
-            counters[0].inc(size_bytes)
-            counters[1].inc(records)
+            counts = self.topics.get((route, topic))
+            if counts is None:
+                counts = self.topics[(route, topic)] = [0, 0]
+            counts[0] += size_bytes
+            counts[1] += records
 
     def forget_topic(self, topic: str) -> None:
-        """Drop a deleted topic's series (and the cache entries pointing at them)."""
         for route in ("produce", "fetch"):
-            self._topic_children.pop((route, topic), None)
-        for metric in (self.bytes_in, self.records_in, self.bytes_out, self.records_out):
-            with contextlib.suppress(KeyError):
-                metric.remove(topic)
+            self.topics.pop((route, topic), None)
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        requests = CounterMetricFamily(
+            "logbus_http_requests", "HTTP requests", labels=["route", "method", "status"]
+        )
+        for (route, method, status), n in sorted(self.requests.items()):
+            requests.add_metric([route, method, str(status)], n)
+        yield requests
+        latency = HistogramMetricFamily(
+            "logbus_http_request_duration_seconds", "Time to answer", labels=["route"]
+        )
+        for route, (counts, total) in sorted(self.latency.items()):
+            buckets = []
+            running = 0
+            for bound, n in zip((*LATENCY_BUCKETS_S, math.inf), counts, strict=True):
+                running += n
+                buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), running))
+            latency.add_metric([route], buckets, total[0])
+        yield latency
+        for route, kind, index, what in (
+            ("produce", "bytes_in", 0, "Bytes produced"),
+            ("fetch", "bytes_out", 0, "Bytes fetched"),
+            ("produce", "records_in", 1, "Records produced"),
+            ("fetch", "records_out", 1, "Records fetched"),
+        ):
+            family = CounterMetricFamily(f"logbus_{kind}", what, labels=["topic"])
+            for (r, topic), counts in sorted(self.topics.items()):
+                if r == route:
+                    family.add_metric([topic], counts[index])
+            yield family
+
+
+class Metrics:
+    def __init__(
+        self,
+        broker: Broker,
+        coordinator: Coordinator | None = None,
+        budgets: Budgets | None = None,
+        quotas: QuotaState | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.traffic = _Traffic()
+        r.register(self.traffic)
+        self.loop_lag = LagRecorder(r)
+        r.register(_PartitionCollector(broker))
+        r.register(_LogDirCollector(broker))
+        if coordinator is not None:
+            r.register(_GroupCollector(coordinator))
+        if budgets is not None:
+            r.register(_LimitsCollector(budgets))
+        if quotas is not None:
+            r.register(_QuotaCollector(quotas))
+        self.observe = self.traffic.observe
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop a deleted topic's series."""
+        self.traffic.forget_topic(topic)
 
     def watch_security(self, security: Security) -> None:
         """Authentication failures by reason and authorization denials by resource type."""

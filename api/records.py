@@ -432,9 +432,13 @@ async def _produce_parsed(
     groups, placement = _route(broker, topic, partition, parsed, sticky)
     max_message_bytes = broker.log_config(topic).max_message_bytes
     payloads = {p: build_batches(rs, max_message_bytes) for p, rs in groups.items()}
-    results = await asyncio.gather(
-        *(broker.append(topic, p, data, acks) for p, data in payloads.items())
-    )
+    if len(payloads) == 1:  # most requests: no task per partition (≈ 20 µs a request)
+        [(p, data)] = payloads.items()
+        results = [await broker.append(topic, p, data, acks)]
+    else:
+        results = await asyncio.gather(
+            *(broker.append(topic, p, data, acks) for p, data in payloads.items())
+        )
     base = {p: r.base_offset for p, r in zip(payloads, results, strict=True)}
     offsets = [{"partition": p, "offset": base[p] + j} for p, j in placement]
     return _produce_reply(acks, offsets, len(parsed), sum(map(len, payloads.values())))

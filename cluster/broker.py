@@ -96,14 +96,15 @@ class Acks(enum.Enum):
     def parse(cls, raw: str | None) -> Acks:
         if raw is None:
             return cls.ALL
-        if raw == "-1":
-            return cls.ALL
-        try:
-            return cls(raw)
-        except ValueError:
+        acks = _ACKS.get(raw)  # a dict, not ``cls(raw)``: an Enum call costs ≈ 1 µs a request
+        if acks is None:
             raise LogbusError(
                 f"acks must be 0, 1 or all (got {raw!r})", code=ErrorCode.INVALID_REQUIRED_ACKS
-            ) from None
+            )
+        return acks
+
+
+_ACKS = {"0": Acks.NONE, "1": Acks.LEADER, "all": Acks.ALL, "-1": Acks.ALL}
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,9 @@ class Broker:
         self.metadata: MetadataStore | None = None
         self.broker_epoch = 0
         self._topics: dict[str, TopicMeta] = {}
+        # Each topic's LogConfig, built once per version of its metadata (a produce asks for
+        # it; building it from the overrides cost ≈ 11 µs per request).
+        self._log_configs: dict[str, tuple[TopicMeta, LogConfig]] = {}
         self._producer_epochs: dict[int, int] = {}  # named producers: latest epoch handed out
         # Coordinator operations by name (:meth:`coordinator_call`) and listeners of the
         # markers committed on partitions led here (:meth:`write_marker`); in a cluster both
@@ -349,7 +353,15 @@ class Broker:
 
     def log_config(self, topic: str) -> LogConfig:
         meta = self._topics.get(topic)
-        return LogConfig.from_dict(meta.configs) if meta else LogConfig()
+        if meta is None:
+            self._log_configs.pop(topic, None)
+            return LogConfig()
+        cached = self._log_configs.get(topic)
+        if cached is not None and cached[0] is meta:
+            return cached[1]
+        config = LogConfig.from_dict(meta.configs)
+        self._log_configs[topic] = (meta, config)
+        return config
 
     def topics(self) -> list[TopicMeta]:
         return sorted(self._topics.values(), key=lambda t: t.name)

@@ -358,6 +358,30 @@ class PartitionLog:
         headers = self._split(view, as_follower, transactional)
         return self._try(view, headers, leader_epoch, as_follower, durable)
 
+    def split(self, data: bytes | memoryview) -> tuple[memoryview, list[BatchHeader]]:
+        """A producer's batches checked as :meth:`try_append` checks them, for a caller that
+        appends several requests' batches together (:meth:`try_append_split`): each request
+        gets its own error before any is written."""
+        view = memoryview(data)
+        return view, self._split(view, False)
+
+    def gatherable(self, headers: list[BatchHeader]) -> bool:
+        """Whether these checked batches can be appended together with other requests'
+        (:meth:`try_append_split`) with no error of their own left to find: no producer id
+        (a duplicate answers for its whole request), stored as sent (no conversion), each
+        within ``max.message.bytes``."""
+        if self.config.log_append_time or self._target_compression() is not None:
+            return False
+        limit = self.config.max_message_bytes
+        return all(h.producer_id < 0 and h.size_bytes <= limit for h in headers)
+
+    def try_append_split(
+        self, view: memoryview, headers: list[BatchHeader], *, leader_epoch: int, durable: bool
+    ) -> AppendResult | None:
+        """:meth:`try_append` of batches :meth:`split` has checked, as leader; None when it
+        cannot run without waiting."""
+        return self._try(view, headers, leader_epoch, False, durable)
+
     def _try(
         self,
         view: memoryview,
@@ -516,7 +540,14 @@ class PartitionLog:
         as_follower: bool,
         now: int,
     ) -> int:
-        """Write prepared batches from ``offset`` on; return the offset after the last."""
+        """Write prepared batches from ``offset`` on; return the offset after the last.
+
+        A leader's batches that all fit the active segment go out in one write (several
+        requests appended together: :meth:`core_log.manager.Partition.append`)."""
+        if not as_follower and len(batches) > 1:
+            written = self._write_together(batches, offset, leader_epoch, now)
+            if written is not None:
+                return written
         for raw, h in batches:
             if as_follower:
                 prefix = bytes(raw[:PREFIX_BYTES])
@@ -539,6 +570,44 @@ class PartitionLog:
                     if h.is_transactional or self._txn_view[0] is not None:
                         self._publish_txn_view()
             offset = h.next_offset
+        return offset
+
+    def _write_together(
+        self,
+        batches: list[tuple[memoryview, BatchHeader]],
+        offset: int,
+        leader_epoch: int,
+        now: int,
+    ) -> int | None:
+        """Producer batches without a producer id, written to the active segment in one
+        call; None (nothing written) when they would not all fit it or need more."""
+        if any(h.producer_id >= 0 for _, h in batches):
+            return None
+        span = sum(h.next_offset - h.base_offset for _, h in batches)
+        size = sum(h.size_bytes for _, h in batches)
+        active = self._segments[-1]
+        if (
+            self._segment_expired(active)
+            or not active.can_hold(offset + span - 1, size, self.config.segment_bytes)
+            or active.size + size > self.config.segment_bytes  # even into an empty one
+            or active.index_room() < len(batches)
+        ):
+            return None
+        if active.is_empty:
+            active.rolling_base_ms = now
+        placed: list[tuple[bytes, memoryview, BatchHeader]] = []
+        for raw, h in batches:
+            placed.append(
+                (
+                    PREFIX.pack(offset, h.batch_length, leader_epoch),
+                    raw[PREFIX_BYTES:],
+                    h.at(offset, leader_epoch),
+                )
+            )
+            offset = h.next_offset - h.base_offset + offset
+        active.append_many(placed)
+        if self.epochs.assign(leader_epoch, placed[0][2].base_offset):
+            self.epochs.store()
         return offset
 
     def _apply_marker(

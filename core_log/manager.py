@@ -57,10 +57,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import executors
-from .batch import any_compressed
+from .batch import BatchHeader, any_compressed
 from .checkpoint import fsync_dir
 from .cleaner import DEFAULT_MAX_KEYS, CleanResult, cleaning_priority
 from .clock import Clock, SystemClock
+from .compression import Compression
 from .config import LogConfig
 from .datadir import DataDirLock
 from .errors import (
@@ -168,6 +169,49 @@ class _PendingAppend:
         )
 
 
+@dataclass(slots=True)
+class _Gathered:
+    """One request's checked batches waiting to be appended with others (see
+    :meth:`Partition.append`)."""
+
+    view: memoryview
+    headers: list[BatchHeader]
+    leader_epoch: int
+    durable: bool
+    future: asyncio.Future[AppendResult]
+
+
+def _answer_run(run: list[_Gathered], outcome: AppendResult | asyncio.Future[AppendResult]) -> None:
+    """Each request of an append run its own offsets (or the run's error)."""
+    if isinstance(outcome, asyncio.Future):
+        if outcome.cancelled():
+            for g in run:
+                g.future.cancel()
+            return
+        if (error := outcome.exception()) is not None:
+            for g in run:
+                if not g.future.done():
+                    g.future.set_exception(error)
+            return
+        outcome = outcome.result()
+    offset = outcome.base_offset
+    for g in run:
+        span = sum(h.next_offset - h.base_offset for h in g.headers)
+        if not g.future.done():
+            g.future.set_result(
+                AppendResult(
+                    base_offset=offset,
+                    last_offset=offset + span - 1,
+                    batches=len(g.headers),
+                    records=sum(h.record_count for h in g.headers),
+                    size_bytes=len(g.view),
+                    log_append_time_ms=outcome.log_append_time_ms,
+                    sync_required=outcome.sync_required,
+                )
+            )
+        offset += span
+
+
 class Partition:
     """Async facade over one :class:`PartitionLog`. Methods run on the event loop.
 
@@ -194,6 +238,9 @@ class Partition:
         # while any waits, later appends queue too, so none overtakes an earlier one.
         self._pending: deque[_PendingAppend] = deque()
         self._drainer: asyncio.Task[None] | None = None
+        # Producer batches that arrived in this turn of the event loop, appended together at
+        # its end (one lock, one write, one index update for them all).
+        self._gathered: list[_Gathered] = []
         self._waiters: set[asyncio.Future[None]] = set()
         self._flush_task: asyncio.Task[int] | None = None
         self.last_flush_ms = log.clock.monotonic_ms()
@@ -241,23 +288,114 @@ class Partition:
         the caller has checked the transaction with its coordinator."""
         self.log_dir.check()
         try:
-            result = None
-            small = len(data) <= inline_max_bytes and (as_follower or not any_compressed(data))
-            if small and not self._pending:
-                result = self.log.try_append(
-                    data,
-                    leader_epoch=leader_epoch,
-                    as_follower=as_follower,
-                    durable=durable,
-                    transactional=transactional,
-                )
-            if result is None:
-                result = await self._queued(
-                    _PendingAppend(data, leader_epoch, as_follower, durable, small, transactional)
+            if not as_follower and not transactional and len(data) <= inline_max_bytes:
+                result = await self._gather(data, leader_epoch, durable, inline_max_bytes)
+            else:
+                result = await self._append_alone(
+                    data, leader_epoch, as_follower, durable, inline_max_bytes, transactional
                 )
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
         return await self._after_append(result)
+
+    async def _append_alone(
+        self,
+        data: bytes | memoryview,
+        leader_epoch: int,
+        as_follower: bool,
+        durable: bool,
+        inline_max_bytes: int,
+        transactional: bool,
+    ) -> AppendResult:
+        """An append of its own: inline when it is small and nothing waits, else queued."""
+        small = len(data) <= inline_max_bytes and (as_follower or not any_compressed(data))
+        if small and not self._pending:
+            result = self.log.try_append(
+                data,
+                leader_epoch=leader_epoch,
+                as_follower=as_follower,
+                durable=durable,
+                transactional=transactional,
+            )
+            if result is not None:
+                return result
+        return await self._queued(
+            _PendingAppend(data, leader_epoch, as_follower, durable, small, transactional)
+        )
+
+    async def _gather(
+        self, data: bytes | memoryview, leader_epoch: int, durable: bool, max_bytes: int
+    ) -> AppendResult:
+        """Append a producer's small batches together with the others that arrive in the same
+        turn of the event loop, and return this request's own offsets.
+
+        Under many concurrent small produces to one partition (64 connections of one record
+        each), every append took the log's lock, checked the segment, wrote, updated the
+        indexes and the high watermark on its own — ≈ 40 µs a request. Appended together
+        they share all of that and one ``pwritev``, and their fsync (``acks=all``) as before.
+        Each request's batches are checked first, so a bad one fails alone. Batches with a
+        producer id (idempotent, transactional) keep their own append: a duplicate answers
+        for its whole request."""
+        view, headers = self.log.split(data)
+        if not self.log.gatherable(headers):
+            small = all(h.compression is Compression.NONE for h in headers)
+            return await self._append_pending(
+                _PendingAppend(view, leader_epoch, False, durable, small)
+            )
+        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        if not self._gathered:
+            asyncio.get_running_loop().call_soon(self._write_gathered, max_bytes)
+        self._gathered.append(_Gathered(view, headers, leader_epoch, durable, future))
+        return await future
+
+    def _write_gathered(self, max_bytes: int) -> None:
+        """Append what :meth:`_gather` collected: consecutive requests of the same leader epoch
+        and durability, up to ``max_bytes`` at a time, each run as one append."""
+        gathered = [g for g in self._gathered if not g.future.done()]
+        self._gathered = []
+        run: list[_Gathered] = []
+        size = 0
+        for g in gathered:
+            if run and (
+                (g.leader_epoch, g.durable) != (run[0].leader_epoch, run[0].durable)
+                or size + len(g.view) > max_bytes
+            ):
+                self._append_run(run)
+                run, size = [], 0
+            run.append(g)
+            size += len(g.view)
+        if run:
+            self._append_run(run)
+
+    def _append_run(self, run: list[_Gathered]) -> None:
+        first = run[0]
+        if len(run) == 1:
+            view, headers = first.view, first.headers
+        else:
+            view = memoryview(b"".join(g.view for g in run))
+            headers = [h for g in run for h in g.headers]
+        try:
+            result = None
+            if not self._pending:
+                result = self.log.try_append_split(
+                    view, headers, leader_epoch=first.leader_epoch, durable=first.durable
+                )
+        except Exception as e:  # every request of the run gets the error
+            for g in run:
+                if not g.future.done():
+                    g.future.set_exception(e)
+            return
+        if result is not None:
+            _answer_run(run, result)
+            return
+        # It must wait (the lock, a roll, an fsync): queued as one append, in order.
+        pending = _PendingAppend(view, first.leader_epoch, False, first.durable, True)
+        self._pending.append(pending)
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(
+                self._drain(), name=f"append {self.topic}-{self.partition}"
+            )
+        pending.future.add_done_callback(lambda done: _answer_run(run, done))
 
     async def append_marker(
         self,
@@ -290,7 +428,8 @@ class Partition:
     async def _after_append(self, result: AppendResult) -> AppendResult:
         if result.sync_required:
             await self.sync(result.last_offset + 1)
-        self._advance_high_watermark()
+        if self.log.high_watermark <= result.last_offset:  # else an append beside it did
+            self._advance_high_watermark()
         return result
 
     async def _queued(self, pending: _PendingAppend) -> AppendResult:

@@ -1,0 +1,200 @@
+"""Small producer appends that arrive together are written together (Partition._gather).
+
+Each request still gets its own offsets, its own validation error, and — with ``durable`` —
+returns only once fsynced; a run that cannot go inline is queued in order."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core_log import fileio
+from core_log.batch import Record, build_batch
+from core_log.config import LogConfig
+from core_log.errors import CorruptRecordError, RecordTooLargeError, StorageFullError
+from core_log.log import PartitionLog
+from tests.core_log.faults import ENOSPC, faulty_files
+from tests.core_log.test_manager import T0, batch, make_manager, read_values, run
+
+
+class CountingFiles(fileio.FileOps):
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def pwritev(self, fd: int, buffers: Any, offset: int) -> int:
+        self.writes += 1
+        return super().pwritev(fd, buffers, offset)
+
+
+def test_concurrent_appends_share_one_write_and_keep_their_offsets(tmp_path: Path) -> None:
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        await p.append(batch(b"first"))  # the leader epoch is stored: appends go inline now
+        with fileio.injected(CountingFiles()) as files:
+            assert isinstance(files, CountingFiles)
+            sizes = [1 + i % 3 for i in range(64)]
+            results = await asyncio.gather(
+                *(
+                    p.append(batch(*(b"r%d-%d" % (i, j) for j in range(n))))
+                    for i, n in enumerate(sizes)
+                )
+            )
+            assert files.writes == 1, f"{files.writes} writes for 64 appends"
+        values = dict(await read_values(p))
+        spans = sorted((r.base_offset, r.last_offset) for r in results)
+        expected = 1
+        for base, last in spans:
+            assert base == expected
+            expected = last + 1
+        assert expected == p.log_end_offset == p.high_watermark
+        for i, (n, r) in enumerate(zip(sizes, results, strict=True)):
+            assert (r.records, r.batches, r.last_offset - r.base_offset + 1) == (n, 1, n)
+            assert [values[r.base_offset + j] for j in range(n)] == [
+                b"r%d-%d" % (i, j) for j in range(n)
+            ]
+        await m.close()
+
+    run(main)
+
+
+def test_a_bad_request_fails_alone(tmp_path: Path) -> None:
+    """A corrupt batch and one over max.message.bytes among good ones: only they fail."""
+    config = LogConfig(max_message_bytes=200)
+
+    async def main() -> None:
+        m = make_manager(tmp_path, config_for=lambda _t: config)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        await p.append(batch(b"first"))
+        corrupt = bytearray(batch(b"x"))
+        corrupt[-1] ^= 0xFF
+        large = batch(b"y" * 300)
+        outcomes = await asyncio.gather(
+            p.append(batch(b"a")),
+            p.append(bytes(corrupt)),
+            p.append(batch(b"b")),
+            p.append(large),
+            p.append(batch(b"c")),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[1], CorruptRecordError)
+        assert isinstance(outcomes[3], RecordTooLargeError)
+        values = dict(await read_values(p))
+        assert sorted(values.values()) == [b"a", b"b", b"c", b"first"]
+        for i, value in ((0, b"a"), (2, b"b"), (4, b"c")):
+            result = outcomes[i]
+            assert not isinstance(result, BaseException)
+            assert values[result.base_offset] == value
+        await m.close()
+
+    run(main)
+
+
+def test_idempotent_batches_keep_their_own_append(tmp_path: Path) -> None:
+    """A producer's batch in the same turn as plain ones: its duplicate is still recognised
+    and answered with the original offsets."""
+
+    def producer_batch(seq: int) -> bytes:
+        return build_batch(
+            [Record(b"p%d" % seq, timestamp=T0)], producer_id=7, producer_epoch=0, base_sequence=seq
+        )
+
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        await p.append(batch(b"first"))
+        first = await asyncio.gather(
+            p.append(batch(b"a")), p.append(producer_batch(0)), p.append(batch(b"b"))
+        )
+        again = await asyncio.gather(p.append(batch(b"c")), p.append(producer_batch(0)))
+        assert again[1].duplicate and again[1].base_offset == first[1].base_offset
+        values = dict(await read_values(p))
+        assert sorted(values.values()) == [b"a", b"b", b"c", b"first", b"p0"]
+        await m.close()
+
+    run(main)
+
+
+def test_durable_and_plain_appends_in_one_turn(tmp_path: Path) -> None:
+    """Durable appends return only once fsynced and share fsyncs; plain ones beside them are
+    appended too, and the high watermark never passes what is unsynced."""
+    flushes = 0
+    real_flush = PartitionLog.flush
+
+    def counting_flush(self: PartitionLog) -> int:
+        nonlocal flushes
+        flushes += 1
+        return real_flush(self)
+
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        await p.append(batch(b"first"))
+
+        async def durable(i: int) -> None:
+            r = await p.append(batch(b"d%d" % i), durable=True)
+            assert p.log.recovery_point > r.last_offset
+
+        await asyncio.gather(
+            *(durable(i) for i in range(32)), *(p.append(batch(b"p%d" % i)) for i in range(32))
+        )
+        assert 0 < flushes <= 4, f"{flushes} fsyncs for 32 durable appends"
+        assert p.log_end_offset == 65
+        assert p.high_watermark <= p.log.recovery_point or p.high_watermark == p.log_end_offset
+        await m.close()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PartitionLog, "flush", counting_flush)
+        run(main)
+
+
+def test_a_run_that_must_roll_is_queued_in_order(tmp_path: Path) -> None:
+    """Segments of ~1 KiB: a run of appends that does not fit the active segment goes through
+    the queue (a roll), in arrival order, each with its own offsets."""
+    config = LogConfig(segment_bytes=1024)
+
+    async def main() -> None:
+        m = make_manager(tmp_path, config_for=lambda _t: config)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        await p.append(batch(b"first"))
+        for round_ in range(5):
+            results = await asyncio.gather(
+                *(p.append(batch(b"%d-%d" % (round_, i) + b"x" * 40)) for i in range(30))
+            )
+            values = dict(await read_values(p))
+            for i, r in enumerate(results):
+                assert values[r.base_offset] == b"%d-%d" % (round_, i) + b"x" * 40
+        assert len(p.log.segments) > 5
+        assert p.log_end_offset == 151
+        await m.close()
+
+    run(main)
+
+
+def test_a_full_disk_fails_the_whole_run_and_appends_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        await p.append(batch(b"first"))
+        with faulty_files() as files:
+            files.write_errors = [ENOSPC]
+            outcomes = await asyncio.gather(
+                *(p.append(batch(b"v%d" % i)) for i in range(10)), return_exceptions=True
+            )
+        assert all(isinstance(o, StorageFullError) for o in outcomes), outcomes
+        assert p.log_end_offset == 1
+        r = await p.append(batch(b"after"))
+        assert r.base_offset == 1
+        assert dict(await read_values(p)) == {0: b"first", 1: b"after"}
+        await m.close()
+
+    run(main)
