@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from api.fastpath import parse_query
 
-_ALPHABET = st.sampled_from(list("ab=&%+;1 x") + ["%41", "%zz", "é"])
+_ALPHABET = st.sampled_from([*"ab=&%+;1 x", "%41", "%zz", "é"])
 
 
 @given(st.lists(_ALPHABET, max_size=30).map("".join))
