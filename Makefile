@@ -65,10 +65,15 @@ postgres:
 test-slow: $(TEST_STAMP) postgres
 	$(BIN)/pytest -m slow -q
 
+# The single broker against the machine's limits, then issue 14's per-request ratios (each
+# measured side by side in one run: a bare ASGI app, Redis Streams, a 3-broker cluster);
+# docs/benchmarks.md, "HTTP service" and "Per-request cost"; ≈ 12 min on a quiet machine.
 bench: $(TEST_STAMP)
 	$(BIN)/pip install -q -e '.[test,bench]'
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 	$(BIN)/logbus bench --json docs/bench-http.json --plot docs/bench-http.png
+	$(BIN)/python -m benchmarks.per_request --json docs/bench-per-request.json --plot docs/bench-per-request.png
 
 bench-storage: $(RUN_STAMP)
 	$(BIN)/python -m benchmarks.storage

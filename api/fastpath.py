@@ -74,16 +74,15 @@ class FastPath:
         self._guarded = BodyGuard(self._route, budgets.body, settings.max_request_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.policy is not None and scope["type"] in ("http", "websocket"):
+        served = scope["type"] in ("http", "websocket")  # not the lifespan
+        if self.policy is not None and served:
             verdict = self.policy.check_scope(scope)
             if verdict.status:
                 await guard.refuse(scope, send, verdict)
                 return
             if verdict.headers:
                 send = guard.with_headers(send, verdict.headers)
-        if scope["type"] in ("http", "websocket") and not await self.access.check(
-            scope, receive, send
-        ):
+        if served and self.access.enabled and not await self.access.check(scope, receive, send):
             return
         route = _route_header(scope)
         if route not in ROUTES:
@@ -92,7 +91,7 @@ class FastPath:
         token = direct_route.set(route == "direct")
         try:
             state = self.state
-            if state is not None and scope["type"] in ("http", "websocket"):
+            if state is not None and served:
                 await quota_gate.serve(
                     state.quotas,
                     scope,

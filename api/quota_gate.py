@@ -64,7 +64,7 @@ from auth_quotas.quotas import Meter, QuotaType, Resolution, Throttle, max_value
 from core_log.errors import LogbusError
 
 from .problems import PROBLEM_JSON, problem_bytes
-from .quota_state import QuotaState, client_id, quota_user
+from .quota_state import CLIENT_ID_HEADER, QuotaState, client_id, quota_user
 
 _PRODUCE: Final = re.compile(r"^/v1/topics/[^/]+(?:/partitions/[^/]+)?/records/?$")
 _FETCH: Final = re.compile(r"^/v1/(?:topics|groups)/[^/]+/(?:partitions|members)/[^/]+/records/?$")
@@ -172,6 +172,7 @@ def serve(
     to a request's stack, which every step of its handler would pass through."""
     forwarded_by = sse = False
     declared: int | None = None  # the body's declared size
+    client_ids: list[bytes] = []
     for k, v in scope["headers"]:  # one pass for what the gate reads
         if k == b"content-length":
             declared = int(v) if v.isdigit() and len(v) < 20 else None
@@ -179,11 +180,13 @@ def serve(
             sse = sse or b"text/event-stream" in v.lower()
         elif k == _FORWARDED_BY:
             forwarded_by = True
+        elif k == CLIENT_ID_HEADER:
+            client_ids.append(v)
     if forwarded_by:  # measured where it came in
         return app(scope, receive, send)
     is_ws = scope["type"] == "websocket"
     try:
-        client = client_id(scope, query_too=is_ws or sse)
+        client = client_id(scope, query_too=is_ws or sse, headers=client_ids)
     except LogbusError as e:
         return _refuse(scope, send, e, {})
     user = quota_user(scope)

@@ -88,15 +88,18 @@ def bad_client_id(detail: str) -> LogbusError:
     )
 
 
-def client_id(scope: dict[str, Any] | Any, *, query_too: bool) -> str:
+def client_id(
+    scope: dict[str, Any] | Any, *, query_too: bool, headers: list[bytes] | None = None
+) -> str:
     """The client id a request gives (``""``: none). ``query_too``: a WebSocket or an SSE
-    stream, which may give it as the ``client_id`` query parameter. Raises 400 when bad."""
-    raw: str | None = None
-    for name, value in scope["headers"]:
-        if name == CLIENT_ID_HEADER:
-            if raw is not None:
-                raise bad_client_id("sent twice")
-            raw = value.decode("latin-1")
+    stream, which may give it as the ``client_id`` query parameter. ``headers``: the values of
+    its Logbus-Client-Id headers when the caller has them (else read from the scope). Raises
+    400 when bad."""
+    if headers is None:
+        headers = [v for k, v in scope["headers"] if k == CLIENT_ID_HEADER]
+    if len(headers) > 1:
+        raise bad_client_id("sent twice")
+    raw = headers[0].decode("latin-1") if headers else None
     if raw is None and query_too and b"client_id" in scope.get("query_string", b""):
         values = [
             v

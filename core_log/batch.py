@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import crc32c as _crc32c
@@ -84,8 +84,11 @@ NO_SEQUENCE = -1
 _INT64_MAX = 2**63 - 1
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
+class BatchHeader(NamedTuple):
+    """A batch's 61-byte header, unpacked. A named tuple, not a frozen dataclass: one is built
+    for every batch validated, scanned or stored, and a frozen dataclass of 13 fields costs
+    ≈ 4 µs to build against ≈ 1 µs (the header of a one-record produce was built three times)."""
+
     base_offset: int
     batch_length: int
     partition_leader_epoch: int
@@ -470,9 +473,24 @@ def _decompress_capped(h: BatchHeader, data: bytes, max_bytes: int) -> bytes:
         ) from None
 
 
+_LENGTH_AT = struct.Struct(">i")  # batchLength, at byte 8
+_ATTRIBUTES_AT = struct.Struct(">h")  # attributes, at byte 21
+
+
 def any_compressed(buf: bytes | memoryview) -> bool:
-    """Does ``buf`` (whole batches back to back) hold a compressed batch? Headers only."""
-    return any(h.attributes & COMPRESSION_MASK for _, h in scan_batches(buf))
+    """Does ``buf`` (whole batches back to back) hold a compressed batch? Headers only, as
+    :func:`scan_batches` walks them (two fields read, no header built: every small produce
+    asks)."""
+    pos = 0
+    end = len(buf)
+    while end - pos >= HEADER_BYTES:
+        size = _LENGTH_AT.unpack_from(buf, pos + 8)[0] + LOG_OVERHEAD
+        if size < HEADER_BYTES or pos + size > end:
+            return False
+        if _ATTRIBUTES_AT.unpack_from(buf, pos + 21)[0] & COMPRESSION_MASK:
+            return True
+        pos += size
+    return False
 
 
 def split_batches(
@@ -736,7 +754,7 @@ def recompress(buf: bytes | memoryview, codec: Compression, pos: int = 0) -> byt
     if h.compression is codec:
         return bytes(memoryview(buf)[pos : pos + h.size_bytes])
     body = compress(codec, records_section(buf, h, pos))
-    return resign(replace(h, attributes=(h.attributes & ~COMPRESSION_MASK) | int(codec)), body)
+    return resign(h._replace(attributes=(h.attributes & ~COMPRESSION_MASK) | int(codec)), body)
 
 
 def resign(h: BatchHeader, body: bytes) -> bytes:
@@ -782,8 +800,7 @@ def rebuild_batch(
         max_ts = max(r.timestamp for r in records)
     deltas = [r.offset - h.base_offset for r in records]
     body = compress(h.compression, encode_records(records, base_ts, deltas))
-    kept = replace(
-        h,
+    kept = h._replace(
         attributes=attributes,
         base_timestamp=base_ts,
         max_timestamp=max_ts,
@@ -801,7 +818,7 @@ def restamp(buf: bytes | memoryview, timestamp: int, pos: int = 0) -> bytes:
     """The batch at ``pos`` marked LogAppendTime with ``timestamp``; records are not touched."""
     h = parse_header(buf, pos)
     body = bytes(memoryview(buf)[pos + RECORDS_OFFSET : pos + h.size_bytes])
-    stamped = replace(h, attributes=h.attributes | TIMESTAMP_TYPE_MASK, max_timestamp=timestamp)
+    stamped = h._replace(attributes=h.attributes | TIMESTAMP_TYPE_MASK, max_timestamp=timestamp)
     return resign(stamped, body)
 
 
@@ -817,8 +834,7 @@ def with_producer(
     transactional attribute) and re-signed; the records are not touched."""
     h = parse_header(buf)
     body = bytes(memoryview(buf)[RECORDS_OFFSET : h.size_bytes])
-    producer = replace(
-        h,
+    producer = h._replace(
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,

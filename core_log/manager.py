@@ -61,7 +61,6 @@ from .batch import BatchHeader, any_compressed
 from .checkpoint import fsync_dir
 from .cleaner import DEFAULT_MAX_KEYS, CleanResult, cleaning_priority
 from .clock import Clock, SystemClock
-from .compression import Compression
 from .config import LogConfig
 from .datadir import DataDirLock
 from .errors import (
@@ -288,7 +287,12 @@ class Partition:
         the caller has checked the transaction with its coordinator."""
         self.log_dir.check()
         try:
-            if not as_follower and not transactional and len(data) <= inline_max_bytes:
+            if (
+                not as_follower
+                and not transactional
+                and len(data) <= inline_max_bytes
+                and not any_compressed(data)  # its validation decompresses: off the loop
+            ):
                 result = await self._gather(data, leader_epoch, durable, inline_max_bytes)
             else:
                 result = await self._append_alone(
@@ -338,9 +342,8 @@ class Partition:
         for its whole request."""
         view, headers = self.log.split(data)
         if not self.log.gatherable(headers):
-            small = all(h.compression is Compression.NONE for h in headers)
             return await self._append_pending(
-                _PendingAppend(view, leader_epoch, False, durable, small)
+                _PendingAppend(view, leader_epoch, False, durable, True)
             )
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         if not self._gathered:

@@ -8,7 +8,6 @@ copy. Compressed batches are decompressed here first (one Python call per batch)
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -87,7 +86,7 @@ def decompressed(data: bytes) -> bytes:
         raw = data[pos : pos + h.size_bytes]
         if h.attributes & COMPRESSION_MASK:
             body = records_section(data, h, pos)
-            raw = resign(replace(h, attributes=h.attributes & ~COMPRESSION_MASK), body)
+            raw = resign(h._replace(attributes=h.attributes & ~COMPRESSION_MASK), body)
         out.append(raw)
     return b"".join(out)
 

@@ -665,7 +665,7 @@ def test_patched_prefix_keeps_the_batch_valid(
     patched = prefix_for(new_base, h.batch_length, epoch) + batch[PREFIX_BYTES:]
     assert patched[PREFIX_BYTES:] == batch[PREFIX_BYTES:]
     h2 = validate_batch(patched, strict=True)
-    assert h2 == replace(h, base_offset=new_base, partition_leader_epoch=epoch)
+    assert h2 == h._replace(base_offset=new_base, partition_leader_epoch=epoch)
     assert decode_records(patched) == at_offsets(records, new_base)
     theirs, _ = kafka_read_one(patched)
     assert (theirs.base_offset, theirs.leader_epoch) == (new_base, epoch)
@@ -723,7 +723,7 @@ def test_flips_outside_the_crc_pass_by_design() -> None:
                 struct.unpack_from(">i", damaged, 12)[0],
             )
             assert (base, epoch) != (1000, 5)
-            assert h2 == replace(h, base_offset=base, partition_leader_epoch=epoch)
+            assert h2 == h._replace(base_offset=base, partition_leader_epoch=epoch)
             assert decode_records(damaged) == at_offsets(sample_records(), base)
 
 
@@ -1093,8 +1093,7 @@ def test_recompress_to_every_codec() -> None:
             out = recompress(batch, target)
             h2 = validate_batch(out)
             assert h2.compression is target
-            assert h2 == replace(
-                h,
+            assert h2 == h._replace(
                 attributes=(h.attributes & ~0x07) | int(target),
                 crc=h2.crc,
                 batch_length=len(out) - LOG_OVERHEAD,
@@ -1120,7 +1119,7 @@ def test_restamp_marks_the_batch_log_append_time(codec: Compression) -> None:
     append_time = NOW_MS + 999
     out = restamp(batch, append_time)
     h2 = validate_batch(out)
-    assert h2 == replace(h, attributes=h.attributes | 0x08, max_timestamp=append_time, crc=h2.crc)
+    assert h2 == h._replace(attributes=h.attributes | 0x08, max_timestamp=append_time, crc=h2.crc)
     assert h2.log_append_time and h2.compression is codec
     assert out[HEADER_BYTES:] == batch[HEADER_BYTES:]  # the records are not touched
     assert [r.timestamp for r in decode_records(out)] == [append_time] * 3

@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from core_log import fileio
-from core_log.batch import Record, build_batch
+from core_log.batch import COMPRESSION_MASK, Record, any_compressed, build_batch, scan_batches
+from core_log.compression import Compression
 from core_log.config import LogConfig
 from core_log.errors import CorruptRecordError, RecordTooLargeError, StorageFullError
 from core_log.log import PartitionLog
@@ -198,3 +201,25 @@ def test_a_full_disk_fails_the_whole_run_and_appends_nothing(tmp_path: Path) -> 
         await m.close()
 
     run(main)
+
+
+@given(
+    st.lists(
+        st.tuples(st.binary(max_size=40), st.sampled_from([Compression.NONE, Compression.GZIP])),
+        max_size=4,
+    ),
+    st.integers(0, 400),
+    st.binary(max_size=80),
+)
+def test_any_compressed_reads_headers_as_scan_batches_does(
+    specs: list[tuple[bytes, Compression]], cut: int, noise: bytes
+) -> None:
+    """The two-field header walk that every small produce takes agrees with the full one,
+    on whole, cut and random buffers."""
+
+    def by_scan(buf: bytes) -> bool:
+        return any(h.attributes & COMPRESSION_MASK for _, h in scan_batches(buf))
+
+    whole = b"".join(build_batch([Record(v, timestamp=T0)], compression=c) for v, c in specs)
+    for buf in (whole, whole[:cut], noise, whole + noise):
+        assert any_compressed(buf) == by_scan(buf)

@@ -403,7 +403,8 @@ def test_appends_queued_behind_a_blocked_one_drain_in_order_then_run_inline_agai
     one thread hop each), a cancelled one is never written, a bad one fails alone; and once
     the queue is empty the next append runs inline without queueing: under steady load the
     queue does not stay (it did: each queued append took a lock in turn, and later ones kept
-    queueing behind them)."""
+    queueing behind them). The small appends that arrive together go as one run
+    (:meth:`Partition._gather`): one queued append, written inline."""
     held = threading.Event()
     release = threading.Event()
     threads: list[bool] = []
@@ -434,16 +435,17 @@ def test_appends_queued_behind_a_blocked_one_drain_in_order_then_run_inline_agai
         bad = asyncio.create_task(p.append(b"\x00" * 70))  # no valid batch
         gone = asyncio.create_task(p.append(batch(b"cancelled")))
         tail = asyncio.create_task(p.append(batch(b"last")))
-        await asyncio.sleep(0)  # each task runs up to its wait in the queue
+        await asyncio.sleep(0)  # each task runs up to its wait for the run
         gone.cancel()
-        assert len(p._pending) == 24 and not any(t.done() for t in queued)
+        await asyncio.sleep(0)  # the run is written: queued behind the held append
+        assert len(p._pending) == 2 and not any(t.done() for t in queued)
         release.set()
         offsets = [(await t).base_offset for t in [first, *queued]]
         assert offsets == sorted(offsets) == list(range(1, 22))
         with pytest.raises(CorruptRecordError):
             await bad
         assert (await tail).base_offset == 22
-        assert threads == [False] + [True] * 21  # the big one in a worker, the rest inline
+        assert threads == [False, True]  # the big one in a worker, the run inline
         assert not p._pending and p._drainer is not None and p._drainer.done()
         threads.clear()
         await p.append(batch(b"after"))

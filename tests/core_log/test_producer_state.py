@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
@@ -61,8 +61,7 @@ def header(
     max_timestamp: int = NOW_MS,
 ) -> BatchHeader:
     """A producer batch header of ``count`` records (only the fields the manager reads)."""
-    return replace(
-        _TEMPLATE,
+    return _TEMPLATE._replace(
         producer_id=producer_id,
         producer_epoch=epoch,
         base_sequence=seq,
@@ -108,10 +107,10 @@ def state(psm: ProducerStateManager) -> bytes:
 
 def test_non_idempotent_and_control_batches_are_not_tracked() -> None:
     p = Partition()
-    plain = replace(header(), producer_id=-1, producer_epoch=-1, base_sequence=-1)
+    plain = header()._replace(producer_id=-1, producer_epoch=-1, base_sequence=-1)
     assert p.append(plain) == (0, 0)
     assert p.append(plain) == (1, 1)  # no dedup without a producer id
-    control = replace(header(seq=5), attributes=_TEMPLATE.attributes | 0x20)
+    control = header(seq=5)._replace(attributes=_TEMPLATE.attributes | 0x20)
     assert p.psm.check(control) is None
     p.psm.update(control, 2, NOW_MS)
     assert len(p.psm) == 0
