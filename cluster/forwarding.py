@@ -11,7 +11,9 @@ Theory of operation
 * **Wire.** Internal paths on the replication listener, each a 4-byte length, a JSON header
   and raw bytes (:func:`cluster.replica_wire.frame`): ``/partition/produce`` (header: topic,
   partition, acks, whether the batches are transactional; then the record batches as the
-  client's broker built them, byte for byte), ``/partition/read`` (offset, max bytes, an
+  client's broker built them, byte for byte), ``/partition/produce-many`` (several such
+  produces in one request: header ``sizes``, payload their batches one after the other; the
+  answer lists each one's result or error), ``/partition/read`` (offset, max bytes, an
   optional long-poll: the answer carries the batches and the leader's high watermark, log start
   and log end), ``/partition/offset-for-timestamp``, ``/partition/marker`` (a transaction
   coordinator's COMMIT/ABORT marker, acknowledged once committed) and ``/coordinator/call`` (an
@@ -24,6 +26,16 @@ Theory of operation
   check) is retried against the leader named by fresh metadata, at most
   :data:`FORWARD_ATTEMPTS` times; a forward that fails on the network may or may not have
   been written, so it is answered ``NETWORK_EXCEPTION`` (retriable) and never retried blindly.
+* **Coalesced produce.** Concurrent forwarded produces to one partition share requests: at
+  most :data:`FORWARDS_IN_FLIGHT` forwards per partition (and acks level) are in flight, and
+  produces arriving meanwhile wait and go together in the next one (``/partition/produce-
+  many``, up to :data:`FORWARD_GROUP_BYTES`). The leader appends each as if it had come
+  alone (its own append, its own result or error, in the order they arrived), so semantics
+  are those of separate requests; what is shared is the h2 stream, whose cost (HPACK, the
+  ``h2`` state machine, a task on each side) was ~60 % of both brokers' CPU per forwarded
+  one-record produce: 64 connections of them ran at 0.3x the same produces sent to the
+  leader. A lone produce goes out at once, alone, as before (no added latency). Transactional
+  produces are never grouped.
 * **Reads.** A broker with no replica reads through :class:`RemotePartition`, which has the
   :class:`core_log.manager.Partition` read API and keeps the state the last answer carried. A
   follower serves what is below its own high watermark from its replica (those batches are
@@ -35,6 +47,7 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -51,6 +64,7 @@ from .replica_manager import NotLeaderError, ReplicaManager
 from .replication import NO_LEADER
 
 PRODUCE_PATH = "/partition/produce"
+PRODUCE_MANY_PATH = "/partition/produce-many"
 READ_PATH = "/partition/read"
 TIMESTAMP_PATH = "/partition/offset-for-timestamp"
 MARKER_PATH = "/partition/marker"
@@ -58,11 +72,18 @@ MARKER_PATH = "/partition/marker"
 # leader of the coordinator's state partition: header ``op`` names the handler registered in
 # :attr:`PartitionService.coordinator_ops`.
 COORDINATOR_PATH = "/coordinator/call"
-PATHS = (PRODUCE_PATH, READ_PATH, TIMESTAMP_PATH, MARKER_PATH, COORDINATOR_PATH)
+PATHS = (PRODUCE_PATH, PRODUCE_MANY_PATH, READ_PATH, TIMESTAMP_PATH, MARKER_PATH, COORDINATOR_PATH)
 CONTENT_TYPE = "application/vnd.logbus.partition"
 # A forward the leader refused because it no longer leads is retried against the leader named
 # by fresh metadata; three attempts ride out one election without looping on a stale store.
 FORWARD_ATTEMPTS = 3
+# Forwarded produces in flight per partition and acks level; more wait and go together in the
+# next forward. 4 keeps the link busy through an acks=all round trip (the leader coalesces
+# concurrent appends itself) while the groups stay large under load.
+FORWARDS_IN_FLIGHT = 4
+# Batches one grouped forward carries at most (a produce larger than this goes alone), so a
+# forward stays well under the link's request limit and one slow group holds little.
+FORWARD_GROUP_BYTES = 1024 * 1024
 # A long-poll forwarded to the leader waits at most this long per round trip; the caller loops
 # for longer waits. It bounds how long a request outlives a leader change.
 READ_WAIT_MAX_MS = 5_000
@@ -108,9 +129,10 @@ class PartitionReader(Protocol):
 # -- errors on the wire -------------------------------------------------------------------------
 
 
-def encode_error(e: LogbusError, *, retry_safe: bool = False) -> H2Response:
-    """An error answer; ``retry_safe``: nothing was written, another leader may be asked."""
-    header = {
+def error_header(e: LogbusError, *, retry_safe: bool = False) -> dict[str, Any]:
+    """An error as the wire carries it; ``retry_safe``: nothing was written, another leader
+    may be asked."""
+    return {
         "error": {
             "code": e.code.name,
             "message": e.message,
@@ -120,6 +142,11 @@ def encode_error(e: LogbusError, *, retry_safe: bool = False) -> H2Response:
         },
         "retry_safe": retry_safe,
     }
+
+
+def encode_error(e: LogbusError, *, retry_safe: bool = False) -> H2Response:
+    """An error answer (:func:`error_header`)."""
+    header = error_header(e, retry_safe=retry_safe)
     return H2Response(200, [("content-type", CONTENT_TYPE)], wire.frame(header))
 
 
@@ -191,6 +218,8 @@ class PartitionService:
         topic, partition = str(header["topic"]), int(header["partition"])
         if path == PRODUCE_PATH:
             return await self._produce(topic, partition, header, payload), b""
+        if path == PRODUCE_MANY_PATH:
+            return await self._produce_many(topic, partition, header, payload), b""
         if path == READ_PATH:
             return await self._read(topic, partition, header)
         if path == TIMESTAMP_PATH:
@@ -231,6 +260,38 @@ class PartitionService:
             transactional=bool(header.get("transactional", False)),
         )
         return {"result": dataclasses.asdict(result)}
+
+    async def _produce_many(
+        self, topic: str, partition: int, header: dict[str, Any], payload: memoryview
+    ) -> dict[str, Any]:
+        """Several forwarded produces, each appended as if it had come alone (started in
+        order, concurrently, as separate requests would be): a result or an error each. Not
+        leading at all refuses the whole request (retry-safe: nothing was written)."""
+        self.replicas.leader_of(topic, partition)
+        sizes = [int(n) for n in header["sizes"]]
+        if any(n <= 0 for n in sizes) or sum(sizes) != len(payload):
+            raise ValueError(f"sizes {sum(sizes)} bytes, payload {len(payload)}")
+        acks_all = bool(header["acks_all"])
+        appends = []
+        start = 0
+        for n in sizes:
+            appends.append(
+                self.replicas.append(
+                    topic, partition, payload[start : start + n], wait_for_isr=acks_all
+                )
+            )
+            start += n
+        results: list[dict[str, Any]] = []
+        for outcome in await asyncio.gather(*appends, return_exceptions=True):
+            if isinstance(outcome, LogbusError):
+                results.append(
+                    error_header(outcome, retry_safe=isinstance(outcome, NotLeaderError))
+                )
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                results.append({"result": dataclasses.asdict(outcome)})
+        return {"results": results}
 
     async def _read(
         self, topic: str, partition: int, header: dict[str, Any]
@@ -283,6 +344,9 @@ class Forwarder:
         self.replicas = replicas
         self.service = service
         self._remotes: dict[tuple[str, int], RemotePartition] = {}
+        # (topic, partition, acks_all) -> produces waiting for a forward; present while any
+        # forward of that key is in flight.
+        self._produces: dict[tuple[str, int, bool], _ProduceQueue] = {}
 
     async def call(
         self, topic: str, partition: int, path: str, header: dict[str, Any], payload: bytes = b""
@@ -349,11 +413,129 @@ class Forwarder:
         acks_all: bool,
         transactional: bool = False,
     ) -> AppendResult:
-        header: dict[str, Any] = {"acks_all": acks_all}
         if transactional:  # the forwarding broker checked the transaction with its coordinator
+            return await self._append_one(topic, partition, bytes(data), acks_all, True)
+        key = (topic, partition, acks_all)
+        queue = self._produces.get(key)
+        if queue is None:
+            queue = self._produces[key] = _ProduceQueue()
+        waiter: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        queue.waiting.append((bytes(data), waiter))
+        if queue.in_flight < FORWARDS_IN_FLIGHT:
+            self._send_next(key, queue)
+        return await waiter
+
+    async def _append_one(
+        self, topic: str, partition: int, data: bytes, acks_all: bool, transactional: bool
+    ) -> AppendResult:
+        header: dict[str, Any] = {"acks_all": acks_all}
+        if transactional:
             header["transactional"] = True
-        answer, _ = await self.call(topic, partition, PRODUCE_PATH, header, bytes(data))
+        answer, _ = await self.call(topic, partition, PRODUCE_PATH, header, data)
         return AppendResult(**answer["result"])
+
+    def _send_next(self, key: tuple[str, int, bool], queue: _ProduceQueue) -> None:
+        """Forward the waiting produces (up to FORWARD_GROUP_BYTES, at least one) whose
+        callers still wait, in one request."""
+        group: list[tuple[bytes, asyncio.Future[AppendResult]]] = []
+        size = 0
+        while queue.waiting:
+            data, waiter = queue.waiting[0]
+            if waiter.done():  # the client went away before it was sent: nothing to send
+                queue.waiting.popleft()
+                continue
+            if group and size + len(data) > FORWARD_GROUP_BYTES:
+                break
+            queue.waiting.popleft()
+            group.append((data, waiter))
+            size += len(data)
+        if not group:
+            if not queue.in_flight:
+                self._produces.pop(key, None)
+            return
+        queue.in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._forward_group(key, queue, group))
+        queue.tasks.add(task)
+        task.add_done_callback(queue.tasks.discard)
+
+    async def _forward_group(
+        self,
+        key: tuple[str, int, bool],
+        queue: _ProduceQueue,
+        group: list[tuple[bytes, asyncio.Future[AppendResult]]],
+    ) -> None:
+        topic, partition, acks_all = key
+        try:
+            if len(group) == 1:
+                outcomes: list[AppendResult | BaseException] = []
+                try:
+                    outcomes.append(
+                        await self._append_one(topic, partition, group[0][0], acks_all, False)
+                    )
+                except Exception as e:
+                    outcomes.append(e)
+            else:
+                outcomes = await self._append_many(topic, partition, group, acks_all)
+            for (_, waiter), outcome in zip(group, outcomes, strict=True):
+                if waiter.done():
+                    continue
+                if isinstance(outcome, BaseException):
+                    waiter.set_exception(outcome)
+                else:
+                    waiter.set_result(outcome)
+        except BaseException:  # cancelled (the broker stops): no caller may wait for ever
+            for _, waiter in group:
+                if not waiter.done():
+                    waiter.set_exception(
+                        LogbusError(
+                            f"the forward to the leader of {topic}-{partition} was cancelled; "
+                            "the produce may or may not have been written",
+                            code=ErrorCode.NETWORK_EXCEPTION,
+                        )
+                    )
+            raise
+        finally:
+            queue.in_flight -= 1
+            if queue.waiting:
+                self._send_next(key, queue)
+            elif not queue.in_flight:
+                self._produces.pop(key, None)
+
+    async def _append_many(
+        self,
+        topic: str,
+        partition: int,
+        group: list[tuple[bytes, asyncio.Future[AppendResult]]],
+        acks_all: bool,
+    ) -> list[AppendResult | BaseException]:
+        """One ``produce-many`` forward; each produce's result or error. One the leader
+        refused as not leading (nothing written) is sent again alone, through the retries
+        of :meth:`call`."""
+        header = {"acks_all": acks_all, "sizes": [len(d) for d, _ in group]}
+        try:
+            answer, _ = await self.call(
+                topic, partition, PRODUCE_MANY_PATH, header, b"".join(d for d, _ in group)
+            )
+            results = answer["results"]
+            if len(results) != len(group):
+                raise LogbusError(
+                    f"{len(results)} answers to {len(group)} forwarded produces",
+                    code=ErrorCode.NETWORK_EXCEPTION,
+                )
+        except Exception as e:
+            return [e] * len(group)
+        outcomes: list[AppendResult | BaseException] = []
+        for (data, _), r in zip(group, results, strict=True):
+            if "error" not in r:
+                outcomes.append(AppendResult(**r["result"]))
+            elif r.get("retry_safe"):
+                try:
+                    outcomes.append(await self._append_one(topic, partition, data, acks_all, False))
+                except Exception as e:
+                    outcomes.append(e)
+            else:
+                outcomes.append(decode_error(r["error"]))
+        return outcomes
 
     async def append_marker(
         self,
@@ -395,6 +577,19 @@ class Forwarder:
         r = self._remotes.pop((topic, partition), None)
         if r is not None:
             r.released = True
+
+
+@dataclasses.dataclass(eq=False)
+class _ProduceQueue:
+    """Forwarded produces of one partition and acks level waiting for a forward. Bounded by
+    the front door: each entry is a client request in progress, whose body its budget
+    (``max_queued_request_bytes``) already holds."""
+
+    waiting: collections.deque[tuple[bytes, asyncio.Future[AppendResult]]] = dataclasses.field(
+        default_factory=collections.deque
+    )
+    in_flight: int = 0
+    tasks: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
 
 
 # Remote readers cached (one per partition read through this broker); past it the cache starts
