@@ -368,7 +368,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     if args.plot:
-        plot(ratios, Path(args.plot), "issue 14: forwarding and push, 2 cores, loopback")
+        try:
+            plot(ratios, Path(args.plot), "issue 14: forwarding and push, 2 cores, loopback")
+        except ImportError:
+            print("no plot: matplotlib is missing (pip install -e '.[bench]')")
     return 0
 
 

@@ -26,16 +26,16 @@ Theory of operation
   check) is retried against the leader named by fresh metadata, at most
   :data:`FORWARD_ATTEMPTS` times; a forward that fails on the network may or may not have
   been written, so it is answered ``NETWORK_EXCEPTION`` (retriable) and never retried blindly.
-* **Coalesced produce.** Concurrent forwarded produces to one partition share requests: at
-  most :data:`FORWARDS_IN_FLIGHT` forwards per partition (and acks level) are in flight, and
-  produces arriving meanwhile wait and go together in the next one (``/partition/produce-
-  many``, up to :data:`FORWARD_GROUP_BYTES`). The leader appends each as if it had come
-  alone (its own append, its own result or error, in the order they arrived), so semantics
-  are those of separate requests; what is shared is the h2 stream, whose cost (HPACK, the
-  ``h2`` state machine, a task on each side) was ~60 % of both brokers' CPU per forwarded
-  one-record produce: 64 connections of them ran at 0.3x the same produces sent to the
-  leader. A lone produce goes out at once, alone, as before (no added latency). Transactional
-  produces are never grouped.
+* **Coalesced produce.** Forwarded produces to one partition (and acks level) that reach the
+  forwarder in the same turn of the event loop go to the leader in one request
+  (``/partition/produce-many``, up to :data:`FORWARD_GROUP_BYTES`), sent at the end of that
+  turn (``call_soon``): nothing waits for a timer or for another forward to finish, and any
+  number of forwards may be in flight. The leader appends each as if it had come alone (its
+  own append, started in arrival order, its own result or error), so the semantics are those
+  of separate requests; what is shared is the h2 stream, whose cost (HPACK, the ``h2`` state
+  machine, a task on each side) was most of both brokers' CPU per forwarded one-record
+  produce: 64 connections of them ran at 0.3x the same produces sent to the leader. A lone
+  produce goes alone, as before. Transactional produces are never grouped.
 * **Reads.** A broker with no replica reads through :class:`RemotePartition`, which has the
   :class:`core_log.manager.Partition` read API and keeps the state the last answer carried. A
   follower serves what is below its own high watermark from its replica (those batches are
@@ -47,7 +47,6 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -77,10 +76,10 @@ CONTENT_TYPE = "application/vnd.logbus.partition"
 # A forward the leader refused because it no longer leads is retried against the leader named
 # by fresh metadata; three attempts ride out one election without looping on a stale store.
 FORWARD_ATTEMPTS = 3
-# Forwarded produces in flight per partition and acks level; more wait and go together in the
-# next forward. 4 keeps the link busy through an acks=all round trip (the leader coalesces
-# concurrent appends itself) while the groups stay large under load.
-FORWARDS_IN_FLIGHT = 4
+# A forwarded produce's caller, waiting for its own result. The produces waiting are bounded by
+# the front door: each is a client request in progress, whose body its budget
+# (``max_queued_request_bytes``) already holds.
+_Waiter = asyncio.Future[AppendResult]
 # Batches one grouped forward carries at most (a produce larger than this goes alone), so a
 # forward stays well under the link's request limit and one slow group holds little.
 FORWARD_GROUP_BYTES = 1024 * 1024
@@ -344,9 +343,10 @@ class Forwarder:
         self.replicas = replicas
         self.service = service
         self._remotes: dict[tuple[str, int], RemotePartition] = {}
-        # (topic, partition, acks_all) -> produces waiting for a forward; present while any
-        # forward of that key is in flight.
-        self._produces: dict[tuple[str, int, bool], _ProduceQueue] = {}
+        # (topic, partition, acks_all) -> produces arrived in this turn of the event loop,
+        # forwarded together at its end (an entry lives one turn).
+        self._produces: dict[tuple[str, int, bool], list[tuple[bytes, _Waiter]]] = {}
+        self._forwards: set[asyncio.Task[None]] = set()  # grouped forwards in flight
 
     async def call(
         self, topic: str, partition: int, path: str, header: dict[str, Any], payload: bytes = b""
@@ -416,13 +416,13 @@ class Forwarder:
         if transactional:  # the forwarding broker checked the transaction with its coordinator
             return await self._append_one(topic, partition, bytes(data), acks_all, True)
         key = (topic, partition, acks_all)
-        queue = self._produces.get(key)
-        if queue is None:
-            queue = self._produces[key] = _ProduceQueue()
-        waiter: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        queue.waiting.append((bytes(data), waiter))
-        if queue.in_flight < FORWARDS_IN_FLIGHT:
-            self._send_next(key, queue)
+        loop = asyncio.get_running_loop()
+        waiter: _Waiter = loop.create_future()
+        waiting = self._produces.get(key)
+        if waiting is None:
+            waiting = self._produces[key] = []
+            loop.call_soon(self._send, key)
+        waiting.append((bytes(data), waiter))
         return await waiter
 
     async def _append_one(
@@ -434,35 +434,29 @@ class Forwarder:
         answer, _ = await self.call(topic, partition, PRODUCE_PATH, header, data)
         return AppendResult(**answer["result"])
 
-    def _send_next(self, key: tuple[str, int, bool], queue: _ProduceQueue) -> None:
-        """Forward the waiting produces (up to FORWARD_GROUP_BYTES, at least one) whose
-        callers still wait, in one request."""
-        group: list[tuple[bytes, asyncio.Future[AppendResult]]] = []
+    def _send(self, key: tuple[str, int, bool]) -> None:
+        """Forward the produces of ``key`` that arrived in this turn and whose callers still
+        wait: in requests of up to FORWARD_GROUP_BYTES (at least one produce each)."""
+        group: list[tuple[bytes, _Waiter]] = []
         size = 0
-        while queue.waiting:
-            data, waiter = queue.waiting[0]
+        for data, waiter in self._produces.pop(key, []):
             if waiter.done():  # the client went away before it was sent: nothing to send
-                queue.waiting.popleft()
                 continue
             if group and size + len(data) > FORWARD_GROUP_BYTES:
-                break
-            queue.waiting.popleft()
+                self._start(key, group)
+                group, size = [], 0
             group.append((data, waiter))
             size += len(data)
-        if not group:
-            if not queue.in_flight:
-                self._produces.pop(key, None)
-            return
-        queue.in_flight += 1
-        task = asyncio.get_running_loop().create_task(self._forward_group(key, queue, group))
-        queue.tasks.add(task)
-        task.add_done_callback(queue.tasks.discard)
+        if group:
+            self._start(key, group)
+
+    def _start(self, key: tuple[str, int, bool], group: list[tuple[bytes, _Waiter]]) -> None:
+        task = asyncio.get_running_loop().create_task(self._forward_group(key, group))
+        self._forwards.add(task)
+        task.add_done_callback(self._forwards.discard)
 
     async def _forward_group(
-        self,
-        key: tuple[str, int, bool],
-        queue: _ProduceQueue,
-        group: list[tuple[bytes, asyncio.Future[AppendResult]]],
+        self, key: tuple[str, int, bool], group: list[tuple[bytes, _Waiter]]
     ) -> None:
         topic, partition, acks_all = key
         try:
@@ -494,18 +488,12 @@ class Forwarder:
                         )
                     )
             raise
-        finally:
-            queue.in_flight -= 1
-            if queue.waiting:
-                self._send_next(key, queue)
-            elif not queue.in_flight:
-                self._produces.pop(key, None)
 
     async def _append_many(
         self,
         topic: str,
         partition: int,
-        group: list[tuple[bytes, asyncio.Future[AppendResult]]],
+        group: list[tuple[bytes, _Waiter]],
         acks_all: bool,
     ) -> list[AppendResult | BaseException]:
         """One ``produce-many`` forward; each produce's result or error. One the leader
@@ -577,19 +565,6 @@ class Forwarder:
         r = self._remotes.pop((topic, partition), None)
         if r is not None:
             r.released = True
-
-
-@dataclasses.dataclass(eq=False)
-class _ProduceQueue:
-    """Forwarded produces of one partition and acks level waiting for a forward. Bounded by
-    the front door: each entry is a client request in progress, whose body its budget
-    (``max_queued_request_bytes``) already holds."""
-
-    waiting: collections.deque[tuple[bytes, asyncio.Future[AppendResult]]] = dataclasses.field(
-        default_factory=collections.deque
-    )
-    in_flight: int = 0
-    tasks: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
 
 
 # Remote readers cached (one per partition read through this broker); past it the cache starts

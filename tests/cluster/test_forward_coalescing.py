@@ -2,10 +2,9 @@
 
 In-process: a :class:`~cluster.forwarding.Forwarder` whose link to the leader is a fake h2
 client handing each framed request to a :class:`~cluster.forwarding.PartitionService` over
-a fake replica manager. The leader's appends are held until released, so produces that
-arrive meanwhile queue behind the forwards in flight; the test then checks how they were
-grouped, that each caller got its own offsets or its own error, and that nothing was lost,
-duplicated or reordered.
+a fake replica manager, whose appends can be held until released. The tests check how
+produces were grouped (those arriving in one turn of the event loop), that each caller got
+its own offsets or its own error, and that nothing was lost, duplicated or reordered.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import pytest
 
 from cluster import forwarding
 from cluster.forwarding import (
-    FORWARDS_IN_FLIGHT,
     PRODUCE_MANY_PATH,
     PRODUCE_PATH,
     Forwarder,
@@ -106,25 +104,47 @@ async def _until(condition: Any) -> None:
     raise AssertionError("condition never held")
 
 
-def test_produces_waiting_behind_forwards_in_flight_go_together() -> None:
+def test_produces_arriving_in_one_turn_go_together_each_with_its_own_offsets() -> None:
     async def main() -> None:
         fwd, leader, link = _forwarder()
-        first = asyncio.ensure_future(fwd.append("t", 0, b"r0", acks_all=True))
-        await _until(lambda: leader.appended == [b"r0"])
-        # FORWARDS_IN_FLIGHT - 1 more go out alone at once; the rest wait for a free slot.
-        others = [
-            asyncio.ensure_future(fwd.append("t", 0, b"r%d" % i, acks_all=True))
-            for i in range(1, 40)
+        # Started in one turn of the loop: they reach the forwarder together.
+        first = [
+            asyncio.ensure_future(fwd.append("t", 0, b"r%d" % i, acks_all=True)) for i in range(30)
         ]
-        await _until(lambda: len(leader.appended) == FORWARDS_IN_FLIGHT)
-        assert link.paths == [PRODUCE_PATH] * FORWARDS_IN_FLIGHT
+        await _until(lambda: len(leader.appended) == 30)
+        # Produces arriving while that forward is in flight do not wait for it.
+        second = [
+            asyncio.ensure_future(fwd.append("t", 0, b"r%d" % i, acks_all=True))
+            for i in range(30, 40)
+        ]
+        await _until(lambda: len(leader.appended) == 40)
+        assert link.paths == [PRODUCE_MANY_PATH, PRODUCE_MANY_PATH]
+        # Another acks level is another forward.
+        other = asyncio.ensure_future(fwd.append("t", 0, b"acks1", acks_all=False))
+        await _until(lambda: len(leader.appended) == 41)
+        assert link.paths[-1] == PRODUCE_PATH
         leader.hold.set()
-        results = await asyncio.gather(first, *others)
+        results = await asyncio.gather(*first, *second)
         # Every produce appended once, in the order it arrived, and answered its own offset.
-        assert leader.appended == [b"r%d" % i for i in range(40)]
+        assert leader.appended[:40] == [b"r%d" % i for i in range(40)]
         assert [r.base_offset for r in results] == list(range(40))
-        assert PRODUCE_MANY_PATH in link.paths and len(link.paths) < 40
-        assert not fwd._produces  # nothing left behind
+        assert (await other).base_offset == 40
+        assert not fwd._produces and not fwd._forwards  # nothing left behind
+
+    asyncio.run(main())
+
+
+def test_groups_stay_within_the_byte_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        monkeypatch.setattr(forwarding, "FORWARD_GROUP_BYTES", 10)
+        fwd, leader, link = _forwarder()
+        leader.hold.set()
+        sizes = [4, 4, 4, 12, 3]  # 4+4 | 4 | 12 alone (larger than the limit) | 3
+        results = await asyncio.gather(
+            *(fwd.append("t", 0, b"%d" % i * n, acks_all=True) for i, n in enumerate(sizes))
+        )
+        assert link.paths == [PRODUCE_MANY_PATH, PRODUCE_PATH, PRODUCE_PATH, PRODUCE_PATH]
+        assert [r.size_bytes for r in results] == sizes
 
     asyncio.run(main())
 
@@ -132,24 +152,18 @@ def test_produces_waiting_behind_forwards_in_flight_go_together() -> None:
 def test_each_produce_of_a_group_gets_its_own_error() -> None:
     async def main() -> None:
         fwd, leader, link = _forwarder()
-        blockers = [
-            asyncio.ensure_future(fwd.append("t", 0, b"x%d" % i, acks_all=False))
-            for i in range(FORWARDS_IN_FLIGHT)
-        ]
-        await _until(lambda: len(leader.appended) == FORWARDS_IN_FLIGHT)
-        names = [b"ok1", b"bad1", b"moved1", b"ok2"]
-        group = [asyncio.ensure_future(fwd.append("t", 0, n, acks_all=False)) for n in names]
-        await _until(lambda: len(fwd._produces[("t", 0, False)].waiting) == len(names))
         leader.hold.set()
-        await asyncio.gather(*blockers)
-        outcomes = await asyncio.gather(*group, return_exceptions=True)
+        names = [b"ok1", b"bad1", b"moved1", b"ok2"]
+        outcomes = await asyncio.gather(
+            *(fwd.append("t", 0, n, acks_all=False) for n in names), return_exceptions=True
+        )
         ok1, bad1, moved1, ok2 = outcomes
         assert isinstance(bad1, LogbusError) and bad1.code is ErrorCode.CORRUPT_MESSAGE
         assert isinstance(ok1, AppendResult) and isinstance(ok2, AppendResult)
         # The one the leader refused as not leading (nothing written) was sent again alone.
         assert isinstance(moved1, AppendResult)
-        assert leader.appended.count(b"moved1") == 1 and b"bad1" not in leader.appended
-        assert link.paths.count(PRODUCE_MANY_PATH) == 1 and link.paths[-1] == PRODUCE_PATH
+        assert leader.appended == [b"ok1", b"ok2", b"moved1"]
+        assert link.paths == [PRODUCE_MANY_PATH, PRODUCE_PATH]
 
     asyncio.run(main())
 
@@ -161,44 +175,44 @@ def test_a_lone_produce_goes_alone_and_transactional_ones_never_group() -> None:
         r = await fwd.append("t", 0, b"solo", acks_all=True)
         assert r.base_offset == 0 and link.paths == [PRODUCE_PATH]
         link.paths.clear()
-        leader.hold.clear()
-        many = [
-            asyncio.ensure_future(
-                fwd.append("t", 0, b"tx%d" % i, acks_all=True, transactional=True)
-            )
-            for i in range(2 * FORWARDS_IN_FLIGHT)
-        ]
-        await _until(lambda: len(link.paths) == len(many))  # none waited for a slot
-        leader.hold.set()
-        await asyncio.gather(*many)
-        assert link.paths == [PRODUCE_PATH] * len(many)
+        await asyncio.gather(
+            *(fwd.append("t", 0, b"tx%d" % i, acks_all=True, transactional=True) for i in range(5))
+        )
+        assert link.paths == [PRODUCE_PATH] * 5
 
     asyncio.run(main())
 
 
-def test_a_network_failure_fails_every_produce_of_the_group(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_network_failure_fails_every_produce_of_the_group() -> None:
     async def main() -> None:
         fwd, leader, link = _forwarder()
-        monkeypatch.setattr(forwarding, "FORWARDS_IN_FLIGHT", 1)
-        first = asyncio.ensure_future(fwd.append("t", 0, b"a", acks_all=True))
-        await _until(lambda: leader.appended == [b"a"])
-        group = [
-            asyncio.ensure_future(fwd.append("t", 0, b"g%d" % i, acks_all=True)) for i in range(3)
-        ]
-        await _until(lambda: len(fwd._produces[("t", 0, True)].waiting) == 3)
 
         async def broken(*args: Any, **kwargs: Any) -> H2Response:
             raise ConnectionError("link down")
 
         link.request = broken  # type: ignore[method-assign]
-        leader.hold.set()
-        assert (await first).base_offset == 0
-        for outcome in await asyncio.gather(*group, return_exceptions=True):
+        outcomes = await asyncio.gather(
+            *(fwd.append("t", 0, b"g%d" % i, acks_all=True) for i in range(3)),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
             assert isinstance(outcome, LogbusError)
             assert outcome.code is ErrorCode.NETWORK_EXCEPTION
-        assert not fwd._produces
+        assert leader.appended == [] and not fwd._produces
+
+    asyncio.run(main())
+
+
+def test_a_caller_gone_before_the_forward_sends_nothing() -> None:
+    async def main() -> None:
+        fwd, leader, link = _forwarder()
+        leader.hold.set()
+        gone = asyncio.ensure_future(fwd.append("t", 0, b"gone", acks_all=True))
+        kept = asyncio.ensure_future(fwd.append("t", 0, b"kept", acks_all=True))
+        await asyncio.sleep(0)  # both wait for the end of the turn
+        gone.cancel()
+        assert (await kept).base_offset == 0
+        assert leader.appended == [b"kept"] and link.paths == [PRODUCE_PATH]
 
     asyncio.run(main())
 
@@ -210,9 +224,8 @@ def test_a_malformed_group_is_400_and_appends_nothing() -> None:
         leader = Leader()
         service = PartitionService(leader)  # type: ignore[arg-type]
         header = {"topic": "t", "partition": 0, "acks_all": True, "sizes": [3, 5]}
-        response = await service.handle(
-            H2Request("POST", PRODUCE_MANY_PATH, [], wire.frame(header, b"abcdef"))
-        )
+        request = H2Request("POST", PRODUCE_MANY_PATH, [], wire.frame(header, b"abcdef"))
+        response = await service.handle(request)
         assert response.status == 400 and leader.appended == []
 
     asyncio.run(main())
