@@ -105,10 +105,14 @@ def _forward_pair(
     path = f"/v1/topics/{topic}/records?acks=all"
     per_side: dict[str, list[float]] = {"leader": [], "forwarded": []}
     p99: dict[str, list[float]] = {"leader": [], "forwarded": []}
+    # CPU of all 3 brokers per request: less at the mercy of the machine's load than rates.
+    cpu_us: dict[str, list[float]] = {"leader": [], "forwarded": []}
+    pids = [b.proc.pid for b in cluster.brokers.values() if b.proc is not None]
     ratios = []
     for _, leader_first in alternate(rounds):
         got: dict[str, float] = {}
         for side in ("leader", "forwarded") if leader_first else ("forwarded", "leader"):
+            cpu0 = sum(cpu_seconds(pid) for pid in pids)
             r = run_wrk(
                 urls[side] + path,
                 workdir,
@@ -117,18 +121,22 @@ def _forward_pair(
                 method="POST",
                 body=body,
             )
+            cpu = sum(cpu_seconds(pid) for pid in pids) - cpu0
             got[side] = r.requests_per_s * records
             per_side[side].append(got[side])
+            cpu_us[side].append(cpu / (r.requests_per_s * seconds) * 1e6)
             p99[side].append(r.latency_p99_ms)
         ratios.append(got["forwarded"] / got["leader"])
         print(
             f"  {topic}: leader {got['leader']:,.0f}, forwarded {got['forwarded']:,.0f} "
-            f"records/s → {ratios[-1]:.2f} (load {load_average():.1f})",
+            f"records/s → {ratios[-1]:.2f}; CPU of the brokers {cpu_us['leader'][-1]:,.0f} vs "
+            f"{cpu_us['forwarded'][-1]:,.0f} µs/request (load {load_average():.1f})",
             flush=True,
         )
     detail = {
         "records_per_s": per_side,
         "p99_ms": p99,
+        "brokers_cpu_us_per_request": cpu_us,
         "leader": leader,
         "forwarded_via": other,
         "connections": connections,
@@ -157,6 +165,7 @@ def measure_cluster(rounds: int, seconds: float, workdir: Path) -> list[Ratio]:
             detail["load_average"] = [load0, load_average()]
             leader = statistics.median(detail["records_per_s"]["leader"])
             forwarded = statistics.median(detail["records_per_s"]["forwarded"])
+            cpu = {k: statistics.median(v) for k, v in detail["brokers_cpu_us_per_request"].items()}
             out.append(
                 Ratio(
                     f"forwarded / leader produce, {label}, RF=3 acks=all",
@@ -164,7 +173,8 @@ def measure_cluster(rounds: int, seconds: float, workdir: Path) -> list[Ratio]:
                     values,
                     "produce sent to a follower (forwarded over h2c)",
                     "the same produce sent to the leader",
-                    note=f"{connections} conns; {forwarded:,.0f} vs {leader:,.0f} records/s",
+                    note=f"{connections} conns; {forwarded:,.0f} vs {leader:,.0f} records/s; "
+                    f"brokers' CPU {cpu['forwarded']:,.0f} vs {cpu['leader']:,.0f} µs/request",
                     detail=detail,
                 )
             )
