@@ -11,7 +11,9 @@ Theory of operation
 * **Wire.** Internal paths on the replication listener, each a 4-byte length, a JSON header
   and raw bytes (:func:`cluster.replica_wire.frame`): ``/partition/produce`` (header: topic,
   partition, acks, whether the batches are transactional; then the record batches as the
-  client's broker built them, byte for byte), ``/partition/read`` (offset, max bytes, an
+  client's broker built them, byte for byte), ``/partition/produce-many`` (several such
+  produces in one request: header ``sizes``, payload their batches one after the other; the
+  answer lists each one's result or error), ``/partition/read`` (offset, max bytes, an
   optional long-poll: the answer carries the batches and the leader's high watermark, log start
   and log end), ``/partition/offset-for-timestamp``, ``/partition/marker`` (a transaction
   coordinator's COMMIT/ABORT marker, acknowledged once committed) and ``/coordinator/call`` (an
@@ -24,6 +26,16 @@ Theory of operation
   check) is retried against the leader named by fresh metadata, at most
   :data:`FORWARD_ATTEMPTS` times; a forward that fails on the network may or may not have
   been written, so it is answered ``NETWORK_EXCEPTION`` (retriable) and never retried blindly.
+* **Coalesced produce.** Forwarded produces to one partition (and acks level) that reach the
+  forwarder in the same turn of the event loop go to the leader in one request
+  (``/partition/produce-many``, up to :data:`FORWARD_GROUP_BYTES`), sent at the end of that
+  turn (``call_soon``): nothing waits for a timer or for another forward to finish, and any
+  number of forwards may be in flight. The leader appends each as if it had come alone (its
+  own append, started in arrival order, its own result or error), so the semantics are those
+  of separate requests; what is shared is the h2 stream, whose cost (HPACK, the ``h2`` state
+  machine, a task on each side) was most of both brokers' CPU per forwarded one-record
+  produce: 64 connections of them ran at 0.3x the same produces sent to the leader. A lone
+  produce goes alone, as before. Transactional produces are never grouped.
 * **Reads.** A broker with no replica reads through :class:`RemotePartition`, which has the
   :class:`core_log.manager.Partition` read API and keeps the state the last answer carried. A
   follower serves what is below its own high watermark from its replica (those batches are
@@ -51,6 +63,7 @@ from .replica_manager import NotLeaderError, ReplicaManager
 from .replication import NO_LEADER
 
 PRODUCE_PATH = "/partition/produce"
+PRODUCE_MANY_PATH = "/partition/produce-many"
 READ_PATH = "/partition/read"
 TIMESTAMP_PATH = "/partition/offset-for-timestamp"
 MARKER_PATH = "/partition/marker"
@@ -58,11 +71,18 @@ MARKER_PATH = "/partition/marker"
 # leader of the coordinator's state partition: header ``op`` names the handler registered in
 # :attr:`PartitionService.coordinator_ops`.
 COORDINATOR_PATH = "/coordinator/call"
-PATHS = (PRODUCE_PATH, READ_PATH, TIMESTAMP_PATH, MARKER_PATH, COORDINATOR_PATH)
+PATHS = (PRODUCE_PATH, PRODUCE_MANY_PATH, READ_PATH, TIMESTAMP_PATH, MARKER_PATH, COORDINATOR_PATH)
 CONTENT_TYPE = "application/vnd.logbus.partition"
 # A forward the leader refused because it no longer leads is retried against the leader named
 # by fresh metadata; three attempts ride out one election without looping on a stale store.
 FORWARD_ATTEMPTS = 3
+# A forwarded produce's caller, waiting for its own result. The produces waiting are bounded by
+# the front door: each is a client request in progress, whose body its budget
+# (``max_queued_request_bytes``) already holds.
+_Waiter = asyncio.Future[AppendResult]
+# Batches one grouped forward carries at most (a produce larger than this goes alone), so a
+# forward stays well under the link's request limit and one slow group holds little.
+FORWARD_GROUP_BYTES = 1024 * 1024
 # A long-poll forwarded to the leader waits at most this long per round trip; the caller loops
 # for longer waits. It bounds how long a request outlives a leader change.
 READ_WAIT_MAX_MS = 5_000
@@ -108,9 +128,10 @@ class PartitionReader(Protocol):
 # -- errors on the wire -------------------------------------------------------------------------
 
 
-def encode_error(e: LogbusError, *, retry_safe: bool = False) -> H2Response:
-    """An error answer; ``retry_safe``: nothing was written, another leader may be asked."""
-    header = {
+def error_header(e: LogbusError, *, retry_safe: bool = False) -> dict[str, Any]:
+    """An error as the wire carries it; ``retry_safe``: nothing was written, another leader
+    may be asked."""
+    return {
         "error": {
             "code": e.code.name,
             "message": e.message,
@@ -120,6 +141,11 @@ def encode_error(e: LogbusError, *, retry_safe: bool = False) -> H2Response:
         },
         "retry_safe": retry_safe,
     }
+
+
+def encode_error(e: LogbusError, *, retry_safe: bool = False) -> H2Response:
+    """An error answer (:func:`error_header`)."""
+    header = error_header(e, retry_safe=retry_safe)
     return H2Response(200, [("content-type", CONTENT_TYPE)], wire.frame(header))
 
 
@@ -191,6 +217,8 @@ class PartitionService:
         topic, partition = str(header["topic"]), int(header["partition"])
         if path == PRODUCE_PATH:
             return await self._produce(topic, partition, header, payload), b""
+        if path == PRODUCE_MANY_PATH:
+            return await self._produce_many(topic, partition, header, payload), b""
         if path == READ_PATH:
             return await self._read(topic, partition, header)
         if path == TIMESTAMP_PATH:
@@ -231,6 +259,38 @@ class PartitionService:
             transactional=bool(header.get("transactional", False)),
         )
         return {"result": dataclasses.asdict(result)}
+
+    async def _produce_many(
+        self, topic: str, partition: int, header: dict[str, Any], payload: memoryview
+    ) -> dict[str, Any]:
+        """Several forwarded produces, each appended as if it had come alone (started in
+        order, concurrently, as separate requests would be): a result or an error each. Not
+        leading at all refuses the whole request (retry-safe: nothing was written)."""
+        self.replicas.leader_of(topic, partition)
+        sizes = [int(n) for n in header["sizes"]]
+        if any(n <= 0 for n in sizes) or sum(sizes) != len(payload):
+            raise ValueError(f"sizes {sum(sizes)} bytes, payload {len(payload)}")
+        acks_all = bool(header["acks_all"])
+        appends = []
+        start = 0
+        for n in sizes:
+            appends.append(
+                self.replicas.append(
+                    topic, partition, payload[start : start + n], wait_for_isr=acks_all
+                )
+            )
+            start += n
+        results: list[dict[str, Any]] = []
+        for outcome in await asyncio.gather(*appends, return_exceptions=True):
+            if isinstance(outcome, LogbusError):
+                results.append(
+                    error_header(outcome, retry_safe=isinstance(outcome, NotLeaderError))
+                )
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                results.append({"result": dataclasses.asdict(outcome)})
+        return {"results": results}
 
     async def _read(
         self, topic: str, partition: int, header: dict[str, Any]
@@ -283,6 +343,10 @@ class Forwarder:
         self.replicas = replicas
         self.service = service
         self._remotes: dict[tuple[str, int], RemotePartition] = {}
+        # (topic, partition, acks_all) -> produces arrived in this turn of the event loop,
+        # forwarded together at its end (an entry lives one turn).
+        self._produces: dict[tuple[str, int, bool], list[tuple[bytes, _Waiter]]] = {}
+        self._forwards: set[asyncio.Task[None]] = set()  # grouped forwards in flight
 
     async def call(
         self, topic: str, partition: int, path: str, header: dict[str, Any], payload: bytes = b""
@@ -349,11 +413,117 @@ class Forwarder:
         acks_all: bool,
         transactional: bool = False,
     ) -> AppendResult:
-        header: dict[str, Any] = {"acks_all": acks_all}
         if transactional:  # the forwarding broker checked the transaction with its coordinator
+            return await self._append_one(topic, partition, bytes(data), acks_all, True)
+        key = (topic, partition, acks_all)
+        loop = asyncio.get_running_loop()
+        waiter: _Waiter = loop.create_future()
+        waiting = self._produces.get(key)
+        if waiting is None:
+            waiting = self._produces[key] = []
+            loop.call_soon(self._send, key)
+        waiting.append((bytes(data), waiter))
+        return await waiter
+
+    async def _append_one(
+        self, topic: str, partition: int, data: bytes, acks_all: bool, transactional: bool
+    ) -> AppendResult:
+        header: dict[str, Any] = {"acks_all": acks_all}
+        if transactional:
             header["transactional"] = True
-        answer, _ = await self.call(topic, partition, PRODUCE_PATH, header, bytes(data))
+        answer, _ = await self.call(topic, partition, PRODUCE_PATH, header, data)
         return AppendResult(**answer["result"])
+
+    def _send(self, key: tuple[str, int, bool]) -> None:
+        """Forward the produces of ``key`` that arrived in this turn and whose callers still
+        wait: in requests of up to FORWARD_GROUP_BYTES (at least one produce each)."""
+        group: list[tuple[bytes, _Waiter]] = []
+        size = 0
+        for data, waiter in self._produces.pop(key, []):
+            if waiter.done():  # the client went away before it was sent: nothing to send
+                continue
+            if group and size + len(data) > FORWARD_GROUP_BYTES:
+                self._start(key, group)
+                group, size = [], 0
+            group.append((data, waiter))
+            size += len(data)
+        if group:
+            self._start(key, group)
+
+    def _start(self, key: tuple[str, int, bool], group: list[tuple[bytes, _Waiter]]) -> None:
+        task = asyncio.get_running_loop().create_task(self._forward_group(key, group))
+        self._forwards.add(task)
+        task.add_done_callback(self._forwards.discard)
+
+    async def _forward_group(
+        self, key: tuple[str, int, bool], group: list[tuple[bytes, _Waiter]]
+    ) -> None:
+        topic, partition, acks_all = key
+        try:
+            if len(group) == 1:
+                outcomes: list[AppendResult | BaseException] = []
+                try:
+                    outcomes.append(
+                        await self._append_one(topic, partition, group[0][0], acks_all, False)
+                    )
+                except Exception as e:
+                    outcomes.append(e)
+            else:
+                outcomes = await self._append_many(topic, partition, group, acks_all)
+            for (_, waiter), outcome in zip(group, outcomes, strict=True):
+                if waiter.done():
+                    continue
+                if isinstance(outcome, BaseException):
+                    waiter.set_exception(outcome)
+                else:
+                    waiter.set_result(outcome)
+        except BaseException:  # cancelled (the broker stops): no caller may wait for ever
+            for _, waiter in group:
+                if not waiter.done():
+                    waiter.set_exception(
+                        LogbusError(
+                            f"the forward to the leader of {topic}-{partition} was cancelled; "
+                            "the produce may or may not have been written",
+                            code=ErrorCode.NETWORK_EXCEPTION,
+                        )
+                    )
+            raise
+
+    async def _append_many(
+        self,
+        topic: str,
+        partition: int,
+        group: list[tuple[bytes, _Waiter]],
+        acks_all: bool,
+    ) -> list[AppendResult | BaseException]:
+        """One ``produce-many`` forward; each produce's result or error. One the leader
+        refused as not leading (nothing written) is sent again alone, through the retries
+        of :meth:`call`."""
+        header = {"acks_all": acks_all, "sizes": [len(d) for d, _ in group]}
+        try:
+            answer, _ = await self.call(
+                topic, partition, PRODUCE_MANY_PATH, header, b"".join(d for d, _ in group)
+            )
+            results = answer["results"]
+            if len(results) != len(group):
+                raise LogbusError(
+                    f"{len(results)} answers to {len(group)} forwarded produces",
+                    code=ErrorCode.NETWORK_EXCEPTION,
+                )
+        except Exception as e:
+            return [e] * len(group)
+        outcomes: list[AppendResult | BaseException] = []
+        for (data, _), r in zip(group, results, strict=True):
+            if "error" not in r:
+                outcomes.append(AppendResult(**r["result"]))
+            elif r.get("retry_safe"):
+                try:
+                    outcomes.append(await self._append_one(topic, partition, data, acks_all, False))
+                except Exception as e:
+                    outcomes.append(e)
+            else:
+                outcomes.append(decode_error(r["error"]))
+        return outcomes
 
     async def append_marker(
         self,
