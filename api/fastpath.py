@@ -44,14 +44,30 @@ class ClientDisconnected(Exception):
     pass
 
 
-async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
-    while True:
-        message = await receive()
+class BodyChunks:
+    """The request body's chunks as they arrive; raises :class:`ClientDisconnected` if the
+    client goes away first. A class, not an async generator: the event loop registers every
+    async generator for finalization (≈ 2 µs a request)."""
+
+    __slots__ = ("_done", "_receive")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._done = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._done:
+            raise StopAsyncIteration
+        message = await self._receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
-        yield message.get("body", b"")
         if not message.get("more_body", False):
-            return
+            self._done = True
+        body: bytes = message.get("body", b"")
+        return body
 
 
 class FastPath:
@@ -119,7 +135,7 @@ class FastPath:
             if target is not None:
                 try:
                     body = await records.read_body(
-                        body_chunks(receive), state.settings.max_request_bytes
+                        BodyChunks(receive), state.settings.max_request_bytes
                     )
                 except ClientDisconnected:
                     return
@@ -176,7 +192,7 @@ class FastPath:
                     partition,
                     query,
                     headers,
-                    body_chunks(receive),
+                    BodyChunks(receive),
                     state.transactions,
                 )
             else:

@@ -250,9 +250,13 @@ def measure_latency(rounds: int, seconds: float, workdir: Path) -> list[Ratio]:
 
 
 def _parts() -> dict[str, Callable[[int, float, Path], list[Ratio]]]:
+    from benchmarks import push
+
     parts: dict[str, Callable[[int, float, Path], list[Ratio]]] = {
         "small": measure_small,
         "latency": measure_latency,
+        "push": push.measure_push,
+        "cluster": push.measure_cluster,
     }
     return parts
 

@@ -55,17 +55,27 @@ def test_full_disk_append_fails_alone_and_changes_nothing(tmp_path: Path, code: 
     run(main)
 
 
-def test_full_disk_in_the_middle_of_a_request_undoes_the_whole_request(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rolls", [False, True])
+def test_full_disk_in_the_middle_of_a_request_undoes_the_whole_request(
+    tmp_path: Path, rolls: bool
+) -> None:
+    """Batches that fit the active segment go in one write, which fails whole. With segments
+    of 160 bytes the second batch needs a new one: the first lands in the old segment, the
+    second fails in the new, and the request is undone across the roll."""
+    config = LogConfig(segment_bytes=160) if rolls else LogConfig()
+
     async def main() -> None:
-        m = make_manager(tmp_path)
+        m = make_manager(tmp_path, config_for=lambda _t: config)
         await m.start(background=False)
         p = await m.create("t", 0)
         await p.append(batch(b"a"))
         size = segment_bytes(m, "t", 0)
         with faulty_files() as files:
-            files.write_errors = [None, ENOSPC]  # the first batch lands, the second does not
+            # the first batch lands, the second does not (or the one write fails)
+            files.write_errors = [None, ENOSPC] if rolls else [ENOSPC]
             with pytest.raises(StorageFullError):
                 await p.append(batch(b"x1", b"x2") + batch(b"x3"))
+            assert files.write_errors == []  # as many writes as planned
         assert (p.log_end_offset, p.high_watermark) == (1, 1)
         assert segment_bytes(m, "t", 0) == size
         r = await p.append(batch(b"b"))
