@@ -50,10 +50,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import functools
 import json
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -64,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hiredis
 import httpx
 import orjson
 import redis
@@ -263,6 +266,57 @@ async def logbus_consume(port: int, topic: str, total: int) -> int:
     return got
 
 
+class PeekConn(Conn):
+    """A :class:`Conn` that sends a request and reads its answer in two steps, headers apart,
+    so the client can ask for the next page before it decodes this one."""
+
+    async def send(self, path: str) -> None:
+        assert self.writer is not None
+        self.writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+            "Accept: application/json\r\n\r\n".encode()
+        )
+        await self.writer.drain()
+
+    async def answer(self) -> tuple[int, dict[bytes, bytes], bytes]:
+        assert self.reader is not None
+        status = int((await self.reader.readline()).split()[1])
+        headers: dict[bytes, bytes] = {}
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        body = await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
+        return status, headers, body
+
+
+async def logbus_consume_ahead(port: int, topic: str, total: int) -> int:
+    """Read ``total`` records as :func:`logbus_consume` does, but ask for page k+1 (on a second
+    connection) as soon as page k's headers give its ``Logbus-Next-Offset``, then decode page k:
+    the broker renders the next page while the client decodes this one (as Kafka's consumer
+    fetches ahead). Redis cannot be read this way: XREAD's next id is inside the answer."""
+    conns = [PeekConn(port), PeekConn(port)]
+    for c in conns:
+        await c.open()
+    base = f"/v1/topics/{topic}/partitions/0/records?max_records={RECORDS_PER_REQUEST}&offset="
+    got = 0
+    k = 0
+    try:
+        await conns[0].send(base + "0")
+        while True:
+            status, headers, body = await conns[k % 2].answer()
+            _check(status, body, base)
+            next_offset = int(headers[b"logbus-next-offset"])
+            if next_offset < total:
+                await conns[(k + 1) % 2].send(base + str(next_offset))
+            got += len(orjson.loads(body)["records"])
+            k += 1
+            if next_offset >= total:
+                return got
+    finally:
+        for c in conns:
+            await c.close()
+
+
 # -- Redis ---------------------------------------------------------------------------------------
 # redis-py's blocking client: its pipeline is ≈ 2.3x faster than redis.asyncio's on this
 # machine (83k against 37k XADD/s on one connection), so Redis gets it, one thread and one
@@ -325,6 +379,72 @@ def redis_consume(port: int, stream: str, total: int) -> int:
     return got
 
 
+class RawRedis:
+    """Redis's fastest Python client: commands packed by ``hiredis.pack_command`` and answers
+    parsed by ``hiredis.Reader``, on a blocking socket — no redis-py objects per command. The
+    ceiling of what a Python producer can ask of Redis, for the extra rows."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60.0)
+        self.reader = hiredis.Reader()
+
+    def call(self, commands: list[tuple[str | bytes, ...]]) -> list[Any]:
+        pack: Any = hiredis.pack_command  # its stub wants a 1-tuple
+        self.sock.sendall(b"".join(pack(c) for c in commands))
+        out: list[Any] = []
+        while len(out) < len(commands):
+            while (reply := self.reader.gets()) is not False:
+                if isinstance(reply, hiredis.ReplyError):
+                    raise reply
+                out.append(reply)
+                if len(out) == len(commands):
+                    return out
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("redis-server closed the connection")
+            self.reader.feed(chunk)
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def redis_produce_raw(port: int, stream: str, conns: int, seconds: float) -> int:
+    clients = [RawRedis(port) for _ in range(conns)]
+    sent = [0] * conns
+    deadline = time.perf_counter() + seconds
+
+    def worker(i: int) -> None:
+        while time.perf_counter() < deadline:
+            xadd = ("XADD", stream, "*", "value", VALUE)
+            clients[i].call([xadd] * RECORDS_PER_REQUEST)
+            sent[i] += RECORDS_PER_REQUEST
+
+    try:
+        with ThreadPoolExecutor(conns) as pool:
+            for f in [pool.submit(worker, i) for i in range(conns)]:
+                f.result()
+    finally:
+        for c in clients:
+            c.close()
+    return sum(sent)
+
+
+def redis_consume_raw(port: int, stream: str, total: int) -> int:
+    r = RawRedis(port)
+    last: bytes = b"0-0"
+    got = 0
+    try:
+        while got < total:
+            cmd = ("XREAD", "COUNT", str(RECORDS_PER_REQUEST), "STREAMS", stream, last)
+            entries = r.call([cmd])[0][0][1]  # [[stream, [[id, [field, value]], ...]]]
+            got += len(entries)
+            last = entries[-1][0]
+    finally:
+        r.close()
+    return got
+
+
 def redis_delete(port: int, stream: str) -> None:
     r = _redis(port)
     try:
@@ -336,13 +456,33 @@ def redis_delete(port: int, stream: str) -> None:
 # -- the run -------------------------------------------------------------------------------------
 
 
-def _best_concurrency(measure_one: Any) -> tuple[int, dict[int, float]]:
-    tried = {c: measure_one(c).records_s for c in CONCURRENCY}
-    return max(tried, key=lambda c: tried[c]), {c: round(v) for c, v in tried.items()}
+def _best_concurrency(measure_one: Callable[[int], Pass]) -> tuple[int, dict[int, int]]:
+    """The best of ``CONCURRENCY`` for one side: each tried twice (the machine is shared, one
+    try is noise), best records/s kept."""
+    tried = {c: round(max(measure_one(c).records_s for _ in range(2))) for c in CONCURRENCY}
+    return max(tried, key=lambda c: tried[c]), tried
+
+
+def _at(side: Side, seconds: float, conns: int) -> Pass:
+    return side.run(conns, seconds)
+
+
+@dataclass
+class Side:
+    """One side of the produce rows: how to run a pass at a concurrency, and what it chose."""
+
+    name: str
+    run: Callable[[int, float], Pass]
+    conns: int = 1
+    tried: dict[int, int] | None = None
 
 
 def measure(rounds: int, seconds: float, workdir: Path, records: int = 200_000) -> list[Ratio]:
-    """Start both servers in ``workdir``, measure, stop them; the ratios (Logbus / Redis)."""
+    """Start both servers in ``workdir``, measure, stop them; the ratios (Logbus / Redis).
+
+    Rows: produce with acks=1 (the target's row), acks=all, and acks=1 against Redis fed by
+    raw hiredis (Redis's fastest Python client); consume one page at a time (the target's row)
+    and with the next page asked for ahead, each against redis-py and raw hiredis XREAD."""
     records = max(RECORDS_PER_REQUEST, records - records % RECORDS_PER_REQUEST)
     broker = BrokerProcess(workdir / "logbus").start()
     server = RedisProcess(workdir / "redis").start()
@@ -354,104 +494,147 @@ def measure(rounds: int, seconds: float, workdir: Path, records: int = 200_000) 
                 f"{broker.url}/v1/topics", json={"name": name, "partitions": 1}, timeout=60
             ).raise_for_status()
 
-        def logbus_pass(acks: str, conns: int, secs: float) -> Pass:
+        def logbus(acks: str) -> Callable[[int, float], Pass]:
             topic = f"peer-produce-{acks}"
-            return _measured(
-                bpid, lambda: asyncio.run(logbus_produce(port, topic, acks, conns, secs))
+            return lambda c, secs: _measured(
+                bpid, lambda: asyncio.run(logbus_produce(port, topic, acks, c, secs))
             )
 
-        def redis_pass(conns: int, secs: float) -> Pass:
-            try:
-                return _measured(
-                    server.pid, lambda: redis_produce(rport, STREAM_PRODUCE, conns, secs)
-                )
-            finally:
-                redis_delete(rport, STREAM_PRODUCE)
+        def redis_side(produce: Callable[[int, str, int, float], int]) -> Any:
+            def run(c: int, secs: float) -> Pass:
+                try:
+                    return _measured(server.pid, lambda: produce(rport, STREAM_PRODUCE, c, secs))
+                finally:
+                    redis_delete(rport, STREAM_PRODUCE)
 
-        calibrate = max(0.5, seconds / 2)
-        c_redis, tried_redis = _best_concurrency(lambda c: redis_pass(c, calibrate))
-        c_one, tried_one = _best_concurrency(lambda c: logbus_pass("1", c, calibrate))
-        c_all, tried_all = _best_concurrency(lambda c: logbus_pass("all", c, calibrate))
+            return run
+
+        sides = {
+            "logbus_acks1": Side("Logbus acks=1", logbus("1")),
+            "logbus_acksall": Side("Logbus acks=all", logbus("all")),
+            "redis_py": Side("redis-py pipeline", redis_side(redis_produce)),
+            "redis_raw": Side("raw hiredis pipeline", redis_side(redis_produce_raw)),
+        }
+        calibrate = max(0.5, seconds / 3)
+        for side in sides.values():
+            side.conns, side.tried = _best_concurrency(functools.partial(_at, side, calibrate))
 
         asyncio.run(logbus_fill(port, TOPIC_CONSUME, records))
         redis_fill(rport, STREAM_CONSUME, records)
-
-        produce_1 = Ratio(
-            "JSON produce 1,000x100 B, Logbus acks=1 / Redis XADD pipeline",
-            PRODUCE_TARGET,
-            numerator=f"Logbus acks=1, {c_one} connections",
-            denominator=f"Redis XADD x1,000 pipelined, {c_redis} connections",
-            unit="x",
-            note="AOF everysec vs flush.ms=1000",
-        )
-        produce_all = Ratio(
-            "JSON produce 1,000x100 B, Logbus acks=all / Redis XADD pipeline",
-            PRODUCE_TARGET,
-            numerator=f"Logbus acks=all, {c_all} connections",
-            denominator=f"Redis XADD x1,000 pipelined, {c_redis} connections",
-            note="extra row: the default acks",
-        )
-        consume = Ratio(
-            "JSON consume pages of 1,000, Logbus+orjson / XREAD+hiredis",
-            CONSUME_TARGET,
-            numerator="Logbus GET max_records=1000, orjson.loads",
-            denominator="XREAD COUNT 1000, redis-py + hiredis",
-            note=f"{records:,} records read whole",
-        )
-        passes: dict[str, list[dict[str, float]]] = {
-            k: [] for k in ("logbus_acks1", "logbus_acksall", "redis_produce")
+        consumers: dict[str, Callable[[], Pass]] = {
+            "logbus_page": lambda: _measured(
+                bpid, lambda: asyncio.run(logbus_consume(port, TOPIC_CONSUME, records))
+            ),
+            "logbus_ahead": lambda: _measured(
+                bpid, lambda: asyncio.run(logbus_consume_ahead(port, TOPIC_CONSUME, records))
+            ),
+            "redis_py": lambda: _measured(
+                server.pid, lambda: redis_consume(rport, STREAM_CONSUME, records)
+            ),
+            "redis_raw": lambda: _measured(
+                server.pid, lambda: redis_consume_raw(rport, STREAM_CONSUME, records)
+            ),
         }
-        consume_passes: dict[str, list[dict[str, float]]] = {"logbus": [], "redis": []}
+
+        passes: dict[str, list[Pass]] = {k: [] for k in [*sides, *(f"c_{k}" for k in consumers)]}
         loads: list[float] = []
         for _, a_first in alternate(rounds):
             loads.append(os.getloadavg()[0])
-            # produce: (Logbus acks=1, Logbus acks=all) against one Redis pass
-            if a_first:
-                one = logbus_pass("1", c_one, seconds)
-                every = logbus_pass("all", c_all, seconds)
-                red = redis_pass(c_redis, seconds)
-            else:
-                red = redis_pass(c_redis, seconds)
-                every = logbus_pass("all", c_all, seconds)
-                one = logbus_pass("1", c_one, seconds)
-            produce_1.rounds.append(one.records_s / red.records_s)
-            produce_all.rounds.append(every.records_s / red.records_s)
-            passes["logbus_acks1"].append(one.as_dict())
-            passes["logbus_acksall"].append(every.as_dict())
-            passes["redis_produce"].append(red.as_dict())
+            order = list(sides) if a_first else list(reversed(sides))
+            for key in order:
+                passes[key].append(sides[key].run(sides[key].conns, seconds))
+            corder = list(consumers) if a_first else list(reversed(consumers))
+            for key in corder:
+                passes[f"c_{key}"].append(consumers[key]())
 
-            def lb() -> Pass:
-                return _measured(
-                    bpid, lambda: asyncio.run(logbus_consume(port, TOPIC_CONSUME, records))
-                )
+        def ratio(name: str, target: float, num: str, den: str, note: str) -> Ratio:
+            a, b = passes[num], passes[den]
+            return Ratio(
+                name,
+                target,
+                [x.records_s / y.records_s for x, y in zip(a, b, strict=True)],
+                numerator=_label(num, sides),
+                denominator=_label(den, sides),
+                note=note,
+                detail={
+                    "logbus": [x.as_dict() for x in a],
+                    "redis": [y.as_dict() for y in b],
+                    "concurrency_tried": {
+                        "logbus": sides[num].tried if num in sides else None,
+                        "redis": sides[den].tried if den in sides else None,
+                    },
+                    "loadavg_1m": loads,
+                },
+            )
 
-            def rd() -> Pass:
-                return _measured(server.pid, lambda: redis_consume(rport, STREAM_CONSUME, records))
-
-            if a_first:
-                lc, rc = lb(), rd()
-            else:
-                rc, lc = rd(), lb()
-            consume.rounds.append(lc.records_s / rc.records_s)
-            consume_passes["logbus"].append(lc.as_dict())
-            consume_passes["redis"].append(rc.as_dict())
-        produce_1.detail = {
-            "logbus": passes["logbus_acks1"],
-            "redis": passes["redis_produce"],
-            "concurrency_tried": {"logbus": tried_one, "redis": tried_redis},
-            "loadavg_1m": loads,
-        }
-        produce_all.detail = {
-            "logbus": passes["logbus_acksall"],
-            "redis": passes["redis_produce"],
-            "concurrency_tried": {"logbus": tried_all, "redis": tried_redis},
-            "loadavg_1m": loads,
-        }
-        consume.detail = {**consume_passes, "loadavg_1m": loads}
-        return [produce_1, produce_all, consume]
+        return [
+            ratio(
+                "JSON produce 1,000x100 B: Logbus acks=1 / Redis XADD (redis-py)",
+                PRODUCE_TARGET,
+                "logbus_acks1",
+                "redis_py",
+                "AOF everysec vs flush.ms=1000",
+            ),
+            ratio(
+                "JSON produce 1,000x100 B: Logbus acks=all / Redis XADD (redis-py)",
+                PRODUCE_TARGET,
+                "logbus_acksall",
+                "redis_py",
+                "extra: Logbus's default acks",
+            ),
+            ratio(
+                "JSON produce 1,000x100 B: Logbus acks=1 / Redis XADD (raw hiredis)",
+                PRODUCE_TARGET,
+                "logbus_acks1",
+                "redis_raw",
+                "extra: Redis's fastest Python client",
+            ),
+            ratio(
+                "JSON consume by 1,000: Logbus+orjson / XREAD (redis-py+hiredis)",
+                CONSUME_TARGET,
+                "c_logbus_page",
+                "c_redis_py",
+                f"one page at a time, {records:,} records",
+            ),
+            ratio(
+                "JSON consume by 1,000, next page asked ahead / XREAD (redis-py)",
+                CONSUME_TARGET,
+                "c_logbus_ahead",
+                "c_redis_py",
+                "extra: Logbus-Next-Offset read before the body",
+            ),
+            ratio(
+                "JSON consume by 1,000: Logbus+orjson / XREAD (raw hiredis)",
+                CONSUME_TARGET,
+                "c_logbus_page",
+                "c_redis_raw",
+                "extra: Redis's fastest Python client",
+            ),
+            ratio(
+                "JSON consume by 1,000, next page asked ahead / XREAD (raw hiredis)",
+                CONSUME_TARGET,
+                "c_logbus_ahead",
+                "c_redis_raw",
+                "extra",
+            ),
+        ]
     finally:
         server.stop()
         broker.stop()
+
+
+_CONSUMERS = {
+    "c_logbus_page": "Logbus GET max_records=1000 + orjson.loads, one page at a time",
+    "c_logbus_ahead": "Logbus GET max_records=1000 + orjson.loads, next page asked ahead",
+    "c_redis_py": "XREAD COUNT 1000, redis-py + hiredis",
+    "c_redis_raw": "XREAD COUNT 1000, raw hiredis",
+}
+
+
+def _label(key: str, sides: dict[str, Side]) -> str:
+    if key in sides:
+        return f"{sides[key].name}, {sides[key].conns} connections"
+    return _CONSUMERS[key]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -472,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
         for side in ("logbus", "redis"):
             rows = r.detail.get(side, [])
             figures = ", ".join(f"{p['records_s'] / 1000:,.0f}k" for p in rows)
-            print(f"  {r.name[:40]:<40} {side:<7} records/s per round: {figures}")
+            what = r.numerator if side == "logbus" else r.denominator
+            print(f"  {what:<66} records/s per round: {figures}")
     if args.plot:
         plot(ratios, args.plot, "Logbus JSON against Redis Streams (issue 14)")
     if args.json:

@@ -31,7 +31,7 @@ bytes (baseOffset, batchLength, partitionLeaderEpoch) and appending the rest unt
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -292,7 +292,9 @@ def encode_records_py(
 
 
 try:
-    from ._recordscan import encode_records as _native_encode  # type: ignore[import-not-found]
+    from ._recordscan import encode_records as _c_encode  # type: ignore[import-not-found]
+
+    _native_encode: Callable[[Sequence[Record], int], bytes | None] | None = _c_encode
 except ImportError:  # built with LOGBUS_PURE_PYTHON=1
     _native_encode = None
 

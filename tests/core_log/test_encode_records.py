@@ -7,7 +7,7 @@ surrogates in header names, attributes missing)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -111,4 +111,4 @@ def test_the_c_encoder_is_used() -> None:
     assert batch._native_encode is not None
     records = [Record(b'"v"', None, (), 5), Record(None, b"k", (("h", None),), 3)]
     assert batch._native_encode(records, 4) == encode_records_py(records, 4)
-    assert batch._native_encode([Record(bytearray(b"v"))], 0) is None
+    assert batch._native_encode([Record(cast(Any, bytearray(b"v")))], 0) is None
