@@ -60,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -456,10 +456,12 @@ def redis_delete(port: int, stream: str) -> None:
 # -- the run -------------------------------------------------------------------------------------
 
 
-def _best_concurrency(measure_one: Callable[[int], Pass]) -> tuple[int, dict[int, int]]:
-    """The best of ``CONCURRENCY`` for one side: each tried twice (the machine is shared, one
+def _best_concurrency(
+    measure_one: Callable[[int], Pass], candidates: Sequence[int]
+) -> tuple[int, dict[int, int]]:
+    """The best of ``candidates`` for one side: each tried twice (the machine is shared, one
     try is noise), best records/s kept."""
-    tried = {c: round(max(measure_one(c).records_s for _ in range(2))) for c in CONCURRENCY}
+    tried = {c: round(max(measure_one(c).records_s for _ in range(2))) for c in candidates}
     return max(tried, key=lambda c: tried[c]), tried
 
 
@@ -477,7 +479,13 @@ class Side:
     tried: dict[int, int] | None = None
 
 
-def measure(rounds: int, seconds: float, workdir: Path, records: int = 200_000) -> list[Ratio]:
+def measure(
+    rounds: int,
+    seconds: float,
+    workdir: Path,
+    records: int = 200_000,
+    concurrency: Sequence[int] = CONCURRENCY,
+) -> list[Ratio]:
     """Start both servers in ``workdir``, measure, stop them; the ratios (Logbus / Redis).
 
     Rows: produce with acks=1 (the target's row), acks=all, and acks=1 against Redis fed by
@@ -517,7 +525,9 @@ def measure(rounds: int, seconds: float, workdir: Path, records: int = 200_000) 
         }
         calibrate = max(0.5, seconds / 3)
         for side in sides.values():
-            side.conns, side.tried = _best_concurrency(functools.partial(_at, side, calibrate))
+            side.conns, side.tried = _best_concurrency(
+                functools.partial(_at, side, calibrate), concurrency
+            )
 
         asyncio.run(logbus_fill(port, TOPIC_CONSUME, records))
         redis_fill(rport, STREAM_CONSUME, records)
@@ -545,7 +555,10 @@ def measure(rounds: int, seconds: float, workdir: Path, records: int = 200_000) 
                 passes[key].append(sides[key].run(sides[key].conns, seconds))
             corder = list(consumers) if a_first else list(reversed(consumers))
             for key in corder:
-                passes[f"c_{key}"].append(consumers[key]())
+                got = consumers[key]()
+                if got.records != records:
+                    raise RuntimeError(f"{key} read {got.records} records of {records}")
+                passes[f"c_{key}"].append(got)
 
         def ratio(name: str, target: float, num: str, den: str, note: str) -> Ratio:
             a, b = passes[num], passes[den]
@@ -642,14 +655,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--records", type=int, default=200_000, help="records read by consume")
+    parser.add_argument(
+        "--concurrency",
+        default=",".join(map(str, CONCURRENCY)),
+        help="connection counts each produce side tries before the rounds (its best is kept)",
+    )
     parser.add_argument("--json", type=Path, help="write the ratios here")
-    parser.add_argument("--plot", type=Path, help="draw the ratios here (PNG)")
+    parser.add_argument("--plot", type=Path, help="draw the ratios here (PNG; matplotlib)")
+    parser.add_argument(
+        "--replot", type=Path, help="no run: draw --plot from this --json file of an earlier run"
+    )
     args = parser.parse_args(argv)
+    if args.replot:
+        doc = json.loads(args.replot.read_text())
+        fields = ("name", "target", "rounds", "numerator", "denominator", "unit", "note")
+        ratios = [Ratio(**{k: r[k] for k in fields}) for r in doc["ratios"]]
+        plot(ratios, args.plot, f"Logbus JSON against Redis Streams (issue 14), {doc['when']}")
+        return 0
     if redis_server_path() is None:
         print("redis-server not found: apt-get install -y redis-server", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="logbus-redis-peer-") as tmp:
-        ratios = measure(args.rounds, args.seconds, Path(tmp), args.records)
+        concurrency = [int(c) for c in args.concurrency.split(",")]
+        ratios = measure(args.rounds, args.seconds, Path(tmp), args.records, concurrency)
     print_table(ratios)
     for r in ratios:
         for side in ("logbus", "redis"):
@@ -668,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": args.rounds,
             "seconds": args.seconds,
             "records": args.records,
+            "loadavg_after": os.getloadavg(),
             "ratios": [r.as_dict() for r in ratios],
         }
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
