@@ -6,10 +6,12 @@
  * scan_keys(data, count) -> [(key, offset_delta, tombstone)]   for compaction
  * batch_columns(data, start, end, include_headers) -> tuple | None   Arrow buffers for readers
  * encode_records(records, base_timestamp) -> bytes | None   the records section of a new batch
+ * plain_records(items, now_ms, record_type, unset) -> list | None   JSON produce's records
  *
  * The Python twins are in core_log.recordscan (over core_log.batch.walk_records); they agree
  * with these on every input (tests/core_log/test_recordwalk.py); encode_records's twin is
- * core_log.batch.encode_records_py (tests/core_log/test_encode_records.py).
+ * core_log.batch.encode_records_py (tests/core_log/test_encode_records.py), plain_records's
+ * is api.records_codec.to_record (tests/api/test_plain_records.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -524,7 +526,119 @@ done:
     return out;
 }
 
+/* ---- plain_records: JSON produce's decoded records -> (partition, Record) ------------------
+ *
+ * The twin of ``[to_record(r, now_ms, ...) for r in items]`` (api/records_codec.py) for items
+ * of the common shape — no key_b64, no value_b64, no headers — (≈ 1.3 µs a record in Python,
+ * a function call, three attribute tests and a dataclass __init__ per record). ``items`` are
+ * msgspec structs the body decoder has validated; per item: the value's raw JSON text as
+ * bytes (``null``: a tombstone), the key's UTF-8 bytes, the timestamp or ``now_ms``, and
+ * a ``record_type`` (core_log.batch.Record: value, key, headers, timestamp, offset) made
+ * as its __init__ makes it. Any item off that shape or of an unexpected type
+ * makes it return None: the caller runs the twin over the whole list, which decides (and
+ * raises) exactly as before. */
+
+static PyObject *s_key_b64, *s_value_b64, *s_partition, *s_offset, *s_empty, *s_minus_one;
+
+static PyObject *plain_records(PyObject *self, PyObject *args) {
+    PyObject *items, *now, *record_type, *unset;
+    if (!PyArg_ParseTuple(args, "O!O!O!O", &PyList_Type, &items, &PyLong_Type, &now,
+                          &PyType_Type, &record_type, &unset))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    PyObject *a[7]; /* key, key_b64, value, value_b64, headers, partition, timestamp */
+    PyObject *const names[7] = {s_key,     s_key_b64,   s_value,    s_value_b64,
+                                s_headers, s_partition, s_timestamp};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i), *value = NULL, *key = NULL, *rec = NULL;
+        int k;
+        for (k = 0; k < 7; k++) a[k] = NULL;
+        for (k = 0; k < 7; k++) {
+            a[k] = PyObject_GetAttr(item, names[k]);
+            if (a[k] == NULL) {
+                PyErr_Clear();
+                goto fallback;
+            }
+        }
+        if (a[1] != unset || a[3] != unset || a[4] != Py_None) goto fallback;
+        if (!(a[5] == Py_None || PyLong_CheckExact(a[5]))) goto fallback;
+        if (!(a[6] == Py_None || PyLong_CheckExact(a[6]))) goto fallback;
+        /* value: unset -> None; raw JSON text -> bytes; "null" -> None */
+        if (a[2] == unset) {
+            value = Py_NewRef(Py_None);
+        } else {
+            Py_buffer vb;
+            if (PyObject_GetBuffer(a[2], &vb, PyBUF_SIMPLE) < 0) {
+                PyErr_Clear();
+                goto fallback;
+            }
+            if (vb.len == 4 && memcmp(vb.buf, "null", 4) == 0)
+                value = Py_NewRef(Py_None);
+            else
+                value = PyBytes_FromStringAndSize((const char *)vb.buf, vb.len);
+            PyBuffer_Release(&vb);
+            if (value == NULL) goto error;
+        }
+        /* key: unset or None -> None; str -> its UTF-8 */
+        if (a[0] == unset || a[0] == Py_None) {
+            key = Py_NewRef(Py_None);
+        } else if (PyUnicode_CheckExact(a[0])) {
+            Py_ssize_t kl;
+            const char *kp = PyUnicode_AsUTF8AndSize(a[0], &kl);
+            if (kp == NULL) {
+                PyErr_Clear(); /* not encodable: the twin raises */
+                goto fallback;
+            }
+            key = PyBytes_FromStringAndSize(kp, kl);
+            if (key == NULL) goto error;
+        } else {
+            goto fallback;
+        }
+        {
+            /* Record's __init__ (a dataclass's, in Python) is most of the twin's cost: the
+             * instance is made as object.__new__(Record) and its five slots set as
+             * __init__ sets them */
+            PyObject *ts = a[6] == Py_None ? now : a[6];
+            rec = PyBaseObject_Type.tp_new((PyTypeObject *)record_type, s_empty, NULL);
+            if (rec == NULL) goto error;
+            if (PyObject_SetAttr(rec, s_value, value) < 0 ||
+                PyObject_SetAttr(rec, s_key, key) < 0 ||
+                PyObject_SetAttr(rec, s_headers, s_empty) < 0 ||
+                PyObject_SetAttr(rec, s_timestamp, ts) < 0 ||
+                PyObject_SetAttr(rec, s_offset, s_minus_one) < 0)
+                goto error;
+            PyObject *pair = PyTuple_Pack(2, a[5], rec);
+            if (pair == NULL) goto error;
+            PyList_SET_ITEM(out, i, pair);
+        }
+        Py_DECREF(rec);
+        Py_DECREF(value);
+        Py_DECREF(key);
+        for (k = 0; k < 7; k++) Py_DECREF(a[k]);
+        continue;
+    fallback:
+        Py_XDECREF(value);
+        Py_XDECREF(key);
+        for (k = 0; k < 7; k++) Py_XDECREF(a[k]);
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    error:
+        Py_XDECREF(rec);
+        Py_XDECREF(value);
+        Py_XDECREF(key);
+        for (k = 0; k < 7; k++) Py_XDECREF(a[k]);
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"plain_records", plain_records, METH_VARARGS,
+     "plain_records(items, now_ms, record_type, unset): [(partition, Record)] of decoded JSON "
+     "records of the common shape, or None if one is not (the caller runs the Python twin)"},
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(records, base_timestamp): the records section of a batch (offset deltas "
      "0..n-1), or None when a record is off the typed path (the caller runs the Python twin)"},
@@ -547,6 +661,14 @@ PyMODINIT_FUNC PyInit__recordscan(void) {
     s_value = PyUnicode_InternFromString("value");
     s_headers = PyUnicode_InternFromString("headers");
     s_timestamp = PyUnicode_InternFromString("timestamp");
-    if (!s_key || !s_value || !s_headers || !s_timestamp) return NULL;
+    s_key_b64 = PyUnicode_InternFromString("key_b64");
+    s_value_b64 = PyUnicode_InternFromString("value_b64");
+    s_partition = PyUnicode_InternFromString("partition");
+    s_offset = PyUnicode_InternFromString("offset");
+    s_minus_one = PyLong_FromLong(-1);
+    s_empty = PyTuple_New(0);
+    if (!s_key || !s_value || !s_headers || !s_timestamp || !s_key_b64 || !s_value_b64 ||
+        !s_partition || !s_offset || !s_minus_one || !s_empty)
+        return NULL;
     return PyModule_Create(&module);
 }
