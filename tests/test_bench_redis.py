@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.redis_peer import CONSUME_TARGET, PRODUCE_TARGET, main, redis_server_path
+# redis and hiredis come with the bench extra, not the test one
+pytest.importorskip("redis", reason="redis-py not installed (pip install -e '.[bench]')")
+pytest.importorskip("hiredis", reason="hiredis not installed (pip install -e '.[bench]')")
+
+from benchmarks.redis_peer import (
+    CONSUME_TARGET,
+    PRODUCE_TARGET,
+    main,
+    redis_server_path,
+)
 
 pytestmark = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server not installed (make bench installs it)"
