@@ -635,7 +635,7 @@ async def fetch(
             and result.next_offset - offset < max_records
             and result.next_offset < visible_end(result)
         ):
-            step = min(max_bytes, step * 4)
+            step = min(max_bytes, next_json_step(step, result, offset, max_records))
             result = await read(offset, step)
         end = read_end(offset, result)  # past every batch read, aborted ones included
         data = result.data
@@ -683,6 +683,19 @@ async def fetch(
 
 READ_UNCOMMITTED: Final = "read_uncommitted"
 READ_COMMITTED: Final = "read_committed"
+
+
+def next_json_step(step: int, result: ReadResult, offset: int, max_records: int) -> int:
+    """The next read size of a JSON fetch whose read of ``step`` bytes held too few records:
+    what ``max_records`` take at the bytes per offset the read showed, with a quarter more,
+    and at least twice ``step``. Growing x4 blind took a 1,000-record fetch of 100-byte
+    values from 64 KiB to 256 KiB, one byte past what the loop reads inline: every such fetch
+    went through the reads pool (≈ 15 % of the broker's time there, py-spy); the estimate
+    asks ≈ 160 KiB and stays inline."""
+    covered = result.next_offset - offset
+    if covered <= 0 or not result.data:
+        return step * 4
+    return max(step * 2, len(result.data) * max_records * 5 // (4 * covered))
 
 
 def isolation_of(query: Mapping[str, str]) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import msgspec
@@ -83,6 +84,29 @@ def to_record(r: RecordIn, now_ms: int, where: str, index: int) -> tuple[int | N
             ts,
         )
     return r.partition, _to_record_full(r, ts, where % index)
+
+
+def to_records(
+    items: list[RecordIn], now_ms: int, where: str, numbers: list[int] | None = None
+) -> list[tuple[int | None, Record]]:
+    """``[to_record(r, now_ms, where, number) ...]``: in C (``_recordscan.plain_records``,
+    ≈ 0.3 µs a record against ≈ 1.3) when every record has the common shape (no ``*_b64``, no
+    headers), else in Python. ``numbers`` name records in errors (default: their index)."""
+    if _native_plain is not None:
+        out: list[tuple[int | None, Record]] | None = _native_plain(items, now_ms, Record, _UNSET)
+        if out is not None:
+            return out
+    if numbers is None:
+        return [to_record(r, now_ms, where, i) for i, r in enumerate(items)]
+    return [to_record(r, now_ms, where, n) for r, n in zip(items, numbers, strict=True)]
+
+
+try:
+    from core_log._recordscan import plain_records as _c_plain  # type: ignore[import-not-found]
+
+    _native_plain: Callable[..., list[tuple[int | None, Record]] | None] | None = _c_plain
+except ImportError:  # built with LOGBUS_PURE_PYTHON=1
+    _native_plain = None
 
 
 def _to_record_full(r: RecordIn, ts: int, where: str) -> Record:
@@ -151,7 +175,7 @@ def parse_json_body(body: bytes, max_records: int, now_ms: int) -> list[tuple[in
         raise bad_request("no records in the request")
     if len(records) > max_records:
         raise too_many_records(max_records)
-    return [to_record(r, now_ms, "records[%d]", i) for i, r in enumerate(records)]
+    return to_records(records, now_ms, "records[%d]")
 
 
 def parse_ndjson_lines(
@@ -173,10 +197,7 @@ def parse_ndjson_lines(
             except DECODE_ERRORS as e:
                 raise decode_failed(e, f"record on line {line_no}") from None
         raise  # every line decodes alone: a bug, not bad input
-    return [
-        to_record(r, now_ms, "line %d", line_no)
-        for r, (line_no, _) in zip(decoded, numbered, strict=True)
-    ]
+    return to_records(decoded, now_ms, "line %d", [line_no for line_no, _ in numbered])
 
 
 def too_many_records(limit: int) -> LogbusError:

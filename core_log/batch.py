@@ -31,7 +31,7 @@ bytes (baseOffset, batchLength, partitionLeaderEpoch) and appending the rest unt
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -238,8 +238,23 @@ def encode_records(
     """Encode ``records`` (offset deltas 0..n-1, or ``offset_deltas`` — the compaction
     cleaner keeps the original ones) into the records section of a batch.
 
-    The hot loop of every JSON produce: no per-record joins, table lookups for small varints.
+    The per-record loop of every JSON produce: in C (``_recordscan.encode_records``, ≈ 0.1 µs
+    a 100-byte record against ≈ 3 µs in Python) for records of the usual types, else the
+    Python twin :func:`encode_records_py`, which writes the same bytes (and raises the same
+    errors: the C loop hands every record off its typed path back to it).
     """
+    if offset_deltas is None and _native_encode is not None and -(2**63) <= base_timestamp < 2**63:
+        section: bytes | None = _native_encode(records, base_timestamp)
+        if section is not None:
+            return section
+    return encode_records_py(records, base_timestamp, offset_deltas)
+
+
+def encode_records_py(
+    records: Sequence[Record], base_timestamp: int, offset_deltas: Sequence[int] | None = None
+) -> bytes:
+    """The Python twin of :func:`encode_records`: no per-record joins, table lookups for
+    small varints."""
     out: list[bytes] = []
     append = out.append
     v = encode_varint
@@ -277,6 +292,14 @@ def encode_records(
             append(value)
         append(hb)
     return b"".join(out)
+
+
+try:
+    from ._recordscan import encode_records as _c_encode  # type: ignore[import-not-found]
+
+    _native_encode: Callable[[Sequence[Record], int], bytes | None] | None = _c_encode
+except ImportError:  # built with LOGBUS_PURE_PYTHON=1
+    _native_encode = None
 
 
 def _encode_headers(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:
