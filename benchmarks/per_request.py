@@ -250,11 +250,12 @@ def measure_latency(rounds: int, seconds: float, workdir: Path) -> list[Ratio]:
 
 
 def _parts() -> dict[str, Callable[[int, float, Path], list[Ratio]]]:
-    from benchmarks import push
+    from benchmarks import push, redis_peer
 
     parts: dict[str, Callable[[int, float, Path], list[Ratio]]] = {
         "small": measure_small,
         "latency": measure_latency,
+        "redis": redis_peer.measure,
         "push": push.measure_push,
         "cluster": push.measure_cluster,
     }

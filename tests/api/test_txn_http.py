@@ -63,6 +63,17 @@ async def values(
     return [rec["value"] for rec in r.json()["records"]]
 
 
+async def described_when(c: httpx.AsyncClient, txn_id: str, state: str) -> dict[str, Any]:
+    """The transaction's description once it reaches ``state`` (polled, 10 s at most)."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        described: dict[str, Any] = (await c.get(f"{TXN}/{txn_id}")).json()
+        if described["state"] == state or asyncio.get_running_loop().time() > deadline:
+            assert described["state"] == state
+            return described
+        await asyncio.sleep(0.01)
+
+
 async def topic(c: httpx.AsyncClient, name: str, partitions: int = 2) -> None:
     r = await c.post("/v1/topics", json={"name": name, "partitions": partitions})
     assert r.status_code == 201, r.text
@@ -98,8 +109,8 @@ def test_commit_and_abort_across_partitions(tmp_path: Path) -> None:
             assert await values(c, "a", 0) == ["a0-x", "a0-y"]
             assert await values(c, "b", 0) == ["b0-x", "b0-y"]
             assert await values(c, "a", 0, "read_uncommitted") == ["a0-x", "a0-y", "gone"]
-            described = (await c.get(f"{TXN}/app-1")).json()
-            assert described["state"] == "complete_abort"
+            # An end is answered once its markers are written; the COMPLETE record follows.
+            described = await described_when(c, "app-1", "complete_abort")
             assert described["producer_epoch"] == s[1] + 2
             missing = await c.get(f"{TXN}/nobody")
             assert missing.status_code == 404
