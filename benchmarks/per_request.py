@@ -282,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.UTC)
     load_before = os.getloadavg()
     ratios: list[Ratio] = []
+    failed: list[str] = []
     try:
         for name in wanted:
             if name not in parts:
@@ -290,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}", flush=True)
             part_dir = workdir / name
             part_dir.mkdir()
-            ratios.extend(parts[name](args.rounds, args.seconds, part_dir))
+            try:
+                ratios.extend(parts[name](args.rounds, args.seconds, part_dir))
+            except Exception as e:  # one part's failure leaves the others' figures
+                print(f"{name}: failed: {e!r}", flush=True)
+                failed.append(name)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print_table(ratios)
@@ -301,12 +306,13 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "seconds": args.seconds,
         "ratios": [r.as_dict() for r in ratios],
+        "failed_parts": failed,
     }
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     if args.plot and ratios:
         plot(ratios, Path(args.plot), f"Per-request cost, {out['date']} (2 vCPUs)")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ class RedisProcess:
     """redis-server on a loopback port, AOF with an fsync a second, data in ``directory``."""
 
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
+        self.directory = directory.resolve()  # redis-server changes into it: no relative paths
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
