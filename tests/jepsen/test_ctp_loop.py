@@ -43,6 +43,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -257,6 +258,21 @@ class BrokerKiller:
             self.error = e
 
 
+Loop = zygote.ZygoteChild | subprocess.Popen[bytes]
+
+
+def _start_loop(argv: list[str], env: dict[str, str], log: Path) -> Loop:
+    """One incarnation of the loop, forked from the zygote (``LOGBUS_TEST_FORK=0``: a fresh
+    ``python -m tests.jepsen.ctp_loop``), its stdout and stderr appended to ``log``."""
+    if zygote.forking():
+        return zygote.shared().spawn(argv, env, log, str(REPO), main=LOOP_MAIN, stdout=log)
+    module = LOOP_MAIN.partition(":")[0]
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *argv], cwd=REPO, env=env, stdout=out, stderr=out
+        )
+
+
 def run_ctp(
     tmp_path: Path, seed: int, report: list[str], *, kills: int, n: int, kill_brokers: bool
 ) -> None:
@@ -275,7 +291,7 @@ def run_ctp(
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         killer = BrokerKiller(cluster, run, random.Random(seed ^ 0xB0B)) if kill_brokers else None
         stderr_log = tmp_path / "ctp-stderr.log"
-        proc: zygote.ZygoteChild | None = None
+        proc: Loop | None = None
         try:
             while True:
                 mode = ("session", "single")[len(run.incarnations) % 2]
@@ -285,9 +301,7 @@ def run_ctp(
                 for i in sorted(cluster.brokers):
                     argv += ["--url", cluster.url(i)]
                 spawned = time.monotonic_ns()
-                proc = zygote.shared().spawn(
-                    argv, env, stderr_log, str(REPO), main=LOOP_MAIN, stdout=stderr_log
-                )
+                proc = _start_loop(argv, env, stderr_log)
                 run.incarnations.append((proc.pid, mode))
                 run.spawned[proc.pid] = spawned
                 last = len(run.kills) >= kills
