@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 from api import cli
 from auth_quotas.credentials import generate_api_key
 from logbus_client.routing import Router, client_headers
+from tests import zygote
 from tests.server import BrokerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,15 +107,7 @@ def _produce(run: Run, tmp_path: Path, key: str, topic: str, lines: str) -> tupl
 
 
 def _subprocess(*argv: str, env: dict[str, str], stdin: str | None = None) -> tuple[int, str, str]:
-    r = subprocess.run(
-        [sys.executable, "-m", "api.cli", *argv],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, **env},
-    )
+    r = zygote.run(list(argv), input=stdin, timeout=60, cwd=ROOT, env={**os.environ, **env})
     assert "Traceback" not in r.stderr, r.stderr
     return r.returncode, r.stdout, r.stderr
 

@@ -1,11 +1,13 @@
 """The test brokers' fork server (tests/zygote.py): its children are real brokers, their exits
 are reported like ``subprocess``'s, none outlives the zygote, and a per-broker environment
-variable read at import is honoured."""
+variable read at import is honoured; a command run through it (``zygote.run``) sees its stdin,
+cwd and environment, and exits as a fresh interpreter would."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import httpx
 import pytest
 
 from core_log.fileio import JOURNAL_ENV, read_journal
+from tests import zygote as zygote_module
 from tests.server import BrokerProcess
 from tests.zygote import Zygote
 
@@ -79,3 +82,86 @@ def test_a_forked_broker_honours_the_journal_variable_read_at_import(tmp_path: P
     finally:
         broker.stop()  # a clean shutdown fsyncs the segment: the journal records it
     assert read_journal(journal), "no fsync was journalled"
+
+
+# -- zygote.run: a command forked as a fresh interpreter would run it ---------------------------
+
+
+def _program(argv: list[str]) -> int | None:
+    """A ``main`` for the tests below: ARGV[0] says how to end."""
+    import sys
+    import threading
+
+    how = argv[0]
+    if how == "echo":  # stdin to stdout upper-cased, a line to stderr, cwd and env to stdout
+        sys.stdout.write(sys.stdin.read().upper())
+        print(os.getcwd(), os.environ.get("ZYGOTE_TEST", "-"))
+        print("to stderr", file=sys.stderr)
+        return 3
+    if how == "none":
+        return None
+    if how == "exit-none":
+        raise SystemExit
+    if how == "exit-text":
+        raise SystemExit("it went wrong")
+    if how == "raise":
+        raise ValueError("boom")
+    if how == "thread":  # a non-daemon thread still writing when main returns
+        done = threading.Event()
+
+        def late() -> None:
+            done.wait(0.2)  # not a synchronisation: the thread must outlive main's return
+            print("thread finished", flush=True)
+
+        threading.Thread(target=late).start()
+        return 0
+    if how == "hang":
+        threading.Event().wait(600)
+    return 99
+
+
+PROGRAM = "tests.test_zygote:_program"
+
+
+def test_run_passes_stdin_cwd_env_and_separates_stdout_from_stderr(tmp_path: Path) -> None:
+    done = zygote_module.run(
+        ["echo"],
+        input="abc\n",
+        env={**os.environ, "ZYGOTE_TEST": "yes"},
+        cwd=tmp_path,
+        main=PROGRAM,
+    )
+    assert done.returncode == 3
+    assert done.stdout == f"ABC\n{tmp_path} yes\n"
+    assert done.stderr == "to stderr\n"
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "stderr"),
+    [
+        ("none", 0, ""),
+        ("exit-none", 0, ""),
+        ("exit-text", 1, "it went wrong\n"),
+        ("raise", 1, "ValueError: boom\n"),
+        ("thread", 0, ""),
+    ],
+)
+def test_run_exits_as_a_fresh_interpreter_would(how: str, code: int, stderr: str) -> None:
+    done = zygote_module.run([how], main=PROGRAM)
+    assert done.returncode == code, done
+    assert done.stderr.endswith(stderr), done.stderr
+    if how == "raise":
+        assert done.stderr.startswith("Traceback"), done.stderr
+    if how == "thread":  # joined before the exit, as the interpreter does
+        assert done.stdout == "thread finished\n"
+
+
+def test_run_kills_a_command_past_its_timeout() -> None:
+    with pytest.raises(subprocess.TimeoutExpired):
+        zygote_module.run(["hang"], main=PROGRAM, timeout=0.5)
+
+
+def test_run_is_the_cli_by_default() -> None:
+    done = zygote_module.run(["topics", "--help"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: logbus topics")

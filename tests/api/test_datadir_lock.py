@@ -6,12 +6,11 @@ first had acknowledged; a broker that could not bind its port still opened the d
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
+from tests import zygote
 from tests.api.conftest import make_client, start_broker
 from tests.api.helpers import fetch_all, produce
 from tests.server import free_port
@@ -20,15 +19,10 @@ SECOND_BROKER_TIMEOUT_S = 30  # generous: it must fail at once, this only bounds
 
 
 def serve_once(data_dir: Path, port: int) -> subprocess.CompletedProcess[str]:
-    """Run ``logbus serve`` and wait for it to exit (it is expected to fail)."""
-    cmd = [sys.executable, "-m", "api.cli", "serve", "--data-dir", str(data_dir)]
-    return subprocess.run(
-        [*cmd, "--port", str(port)],
-        capture_output=True,
-        text=True,
-        timeout=SECOND_BROKER_TIMEOUT_S,
-        env=os.environ.copy(),
-    )
+    """Run ``logbus serve`` (forked from the zygote: tests/zygote.py) and wait for it to exit
+    (it is expected to fail)."""
+    argv = ["serve", "--data-dir", str(data_dir), "--port", str(port)]
+    return zygote.run(argv, timeout=SECOND_BROKER_TIMEOUT_S)
 
 
 def tree(root: Path) -> dict[str, tuple[int, int]]:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from core_log.config import LogConfig
 from core_log.handles import HandleCache
 from core_log.limits import MAX_HEADER_KEY_BYTES
 from core_log.log import PartitionLog
+from tests import zygote
 from tests.api.conftest import make_client, start_broker
 from tests.api.helpers import BATCH, assert_problem, create_topic, end_offsets, produce, unique
 from tests.server import BrokerProcess
@@ -411,16 +410,12 @@ def test_the_cli_prints_what_it_can_then_names_the_unreadable_record(
     unreadable one, then one line naming it and how to skip it (exit 1, no traceback)."""
     broker, topic = poisoned
     env = {**os.environ, "LOGBUS_URL": broker.url}
-    cmd = [sys.executable, "-m", "api.cli", "consume", topic, "--partition", "0"]
-    result = subprocess.run(
-        [*cmd, "--from", "earliest"], capture_output=True, text=True, timeout=60, env=env
-    )
+    cmd = ["consume", topic, "--partition", "0"]
+    result = zygote.run([*cmd, "--from", "earliest"], timeout=60, env=env)
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     assert result.stdout.split() == ["a"]
     assert "offsets 1..1" in result.stderr and "--from 2" in result.stderr, result.stderr
-    skipped = subprocess.run(
-        [*cmd, "--from", "2"], capture_output=True, text=True, timeout=60, env=env
-    )
+    skipped = zygote.run([*cmd, "--from", "2"], timeout=60, env=env)
     assert skipped.returncode == 1 and skipped.stdout.split() == ["c"], skipped
     assert "--from 4" in skipped.stderr, skipped.stderr

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from auth_quotas.credentials import generate_api_key
+from tests import zygote
 from tests.certs import CertificateAuthority, Issued
 from tests.server import BrokerProcess
 
@@ -182,8 +181,8 @@ def test_required_client_auth_and_dn_mapping(pki: Pki, tmp_path: Path) -> None:
 def test_bad_tls_settings_stop_serve_with_one_line(
     args: list[str], message: str, tmp_path: Path
 ) -> None:
-    cmd = [sys.executable, "-m", "api.cli", "serve", "--data-dir", str(tmp_path), "--port", "0"]
-    done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
+    cmd = ["serve", "--data-dir", str(tmp_path), "--port", "0"]
+    done = zygote.run([*cmd, *args], timeout=120)  # forked from the zygote: tests/zygote.py
     assert done.returncode in (1, 2), done
     assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "metadata.db").exists()

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.chaos.harness import (
     ROUTE_DIRECT,
@@ -34,6 +35,18 @@ from tests.chaos.harness import (
     eventually,
     running_cluster,
 )
+
+
+@pytest.fixture(params=[pytest.param("sqlite", marks=pytest.mark.slow), "postgresql"])
+def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """tests/chaos/conftest.py's, with SQLite's run slow-marked: the links cut here are
+    between brokers, the same on either store, and PostgreSQL's run is the one whose store is
+    itself cut off below (and the production store); SQLite's took 11 s of the default suite."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shared.db'}"
+    url: str = request.getfixturevalue("postgres_db_url")
+    return url
+
 
 TOPIC = "links"
 PARTITIONS = 2

@@ -7,6 +7,7 @@ records at identical offsets, keep every record at or after the first dirty offs
 key at most once below it, always hold the latest value of every key, and answer a fetch at any
 offset with the next surviving record. After a final full clean and ``delete.retention.ms`` the
 log must equal "latest value per key, tombstones gone, keyless records kept", in offset order.
+The default suite runs one seed per workload shape (14 of the 60 seeds); ``-m slow`` the rest.
 """
 
 from __future__ import annotations
@@ -268,19 +269,41 @@ def producer_batches(log: PartitionLog) -> set[tuple[int, int]]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(60))
+def workload_shape(rng: random.Random) -> tuple[int, int, int]:
+    """The model workload's first draws: (segment.bytes, min.compaction.lag.ms, key count)."""
+    return rng.choice([150, 300, 600]), rng.choice([0, 0, 50]), rng.choice([3, 8, 30])
+
+
+MODEL_SEEDS = 60
+
+
+def _default_seeds() -> set[int]:
+    """The first seed of each workload shape the 60 seeds draw (14 of them): the default
+    suite runs every shape once, the other 46 seeds (110 s of its 20 minutes at load 10, the
+    same shapes again) are slow-marked."""
+    first: dict[tuple[int, int, int], int] = {}
+    for seed in range(MODEL_SEEDS):
+        first.setdefault(workload_shape(random.Random(seed)), seed)
+    return set(first.values())
+
+
+_DEFAULT_SEEDS = _default_seeds()
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        pytest.param(s, marks=() if s in _DEFAULT_SEEDS else pytest.mark.slow)
+        for s in range(MODEL_SEEDS)
+    ],
+)
 def test_model_random_workload(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     clock = ManualClock(NOW)
-    cfg = config(
-        **{
-            "segment.bytes": rng.choice([150, 300, 600]),
-            "min.compaction.lag.ms": rng.choice([0, 0, 50]),
-        }
-    )
+    segment_bytes, lag_ms, keys = workload_shape(rng)
+    cfg = config(**{"segment.bytes": segment_bytes, "min.compaction.lag.ms": lag_ms})
     log = open_log(tmp_path, clock, cfg)
     history: list[Rec] = []
-    keys = rng.choice([3, 8, 30])
     sequences = {1: 0, 2: 0}
     last_batch: dict[int, int] = {}  # producer id -> base offset of its last batch
     for step in range(150):

@@ -8,10 +8,12 @@ Theory of operation
   partitions each (RF 3, min.insync.replicas 2). A is filled with N records, integer values
   1..N, before the loop starts; whenever an incarnation finishes A before the kills are done,
   another batch is appended, so every kill lands in a running loop.
-* The loop is a separate process (``python -m tests.jepsen.ctp_loop``), restarted after every
-  kill; incarnations alternate between the two transactional forms (a session: begin, produce,
-  add offsets, commit; and the one-request ``POST /v1/transactions``), both with the same
-  ``transactional_id``, so each one fences the previous. A kill comes a seeded-random 0.1-1.5 s
+* The loop is a separate process (``tests.jepsen.ctp_loop.main``, forked from the test run's
+  zygote, tests/zygote.py, as a fresh ``python -m tests.jepsen.ctp_loop`` would run it, without
+  its ~1 s of imports), restarted after every kill; incarnations alternate between the two
+  transactional forms (a session: begin, produce, add offsets, commit; and the one-request
+  ``POST /v1/transactions``), both with the same ``transactional_id``, so each one fences the
+  previous. A kill comes a seeded-random 0.1-1.5 s
   after the incarnation logged its start, so kills land before, during and after transactions
   (the report counts those that left a transaction without an answer). After the last kill, the
   last incarnation runs to completion: the group's offsets equal A's high watermarks.
@@ -54,6 +56,7 @@ import httpx
 import pytest
 
 from cluster.txn_state import TXN_STATE_TOPIC
+from tests import zygote
 from tests.chaos.harness import ChaosCluster, eventually, running_cluster
 from tests.jepsen.checker import Transform, check
 from tests.jepsen.ctp_loop import OUTPUT_BASE, transform
@@ -84,6 +87,7 @@ REPO = Path(__file__).resolve().parents[2]
 START_WAIT_S = 60.0  # an interpreter start on a loaded machine: well under 10 s
 FINISH_WAIT_S = 240.0  # the last incarnation consumes what is left (seconds when healthy)
 KILL_AFTER_S = (0.1, 1.5)
+LOOP_MAIN = "tests.jepsen.ctp_loop:main"  # forked from the zygote (tests/zygote.py)
 
 
 @dataclass
@@ -254,6 +258,21 @@ class BrokerKiller:
             self.error = e
 
 
+Loop = zygote.ZygoteChild | subprocess.Popen[bytes]
+
+
+def _start_loop(argv: list[str], env: dict[str, str], log: Path) -> Loop:
+    """One incarnation of the loop, forked from the zygote (``LOGBUS_TEST_FORK=0``: a fresh
+    ``python -m tests.jepsen.ctp_loop``), its stdout and stderr appended to ``log``."""
+    if zygote.forking():
+        return zygote.shared().spawn(argv, env, log, str(REPO), main=LOOP_MAIN, stdout=log)
+    module = LOOP_MAIN.partition(":")[0]
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *argv], cwd=REPO, env=env, stdout=out, stderr=out
+        )
+
+
 def run_ctp(
     tmp_path: Path, seed: int, report: list[str], *, kills: int, n: int, kill_brokers: bool
 ) -> None:
@@ -271,18 +290,18 @@ def run_ctp(
         run.inputs = n
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         killer = BrokerKiller(cluster, run, random.Random(seed ^ 0xB0B)) if kill_brokers else None
-        stderr_log = (tmp_path / "ctp-stderr.log").open("a")
-        proc: subprocess.Popen[bytes] | None = None
+        stderr_log = tmp_path / "ctp-stderr.log"
+        proc: Loop | None = None
         try:
             while True:
                 mode = ("session", "single")[len(run.incarnations) % 2]
-                argv = [sys.executable, "-m", "tests.jepsen.ctp_loop", "--in", A, "--out", B]
+                argv = ["--in", A, "--out", B]
                 argv += ["--group", GROUP, "--txn-id", TXN_ID, "--mode", mode, "--log", str(log)]
                 argv += ["--seed", str(rng.randrange(2**32))]
                 for i in sorted(cluster.brokers):
                     argv += ["--url", cluster.url(i)]
                 spawned = time.monotonic_ns()
-                proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=stderr_log)
+                proc = _start_loop(argv, env, stderr_log)
                 run.incarnations.append((proc.pid, mode))
                 run.spawned[proc.pid] = spawned
                 last = len(run.kills) >= kills
@@ -314,7 +333,6 @@ def run_ctp(
             if killer is not None:
                 killer.stop.set()
                 killer.thread.join(120)
-            stderr_log.close()
         if killer is not None and killer.error is not None:
             raise AssertionError(f"the broker killer failed: {killer.error!r}")
         looped = time.monotonic() - t0
