@@ -1,7 +1,7 @@
 """ASGI servers for the broker's front door (issue 14): the bare app on each, side by side.
 
-    python -m benchmarks.asgi_servers [--rounds 3] [--seconds 5] [--python /tmp/servers-venv/bin/python]
-                                      [--only uvicorn,granian-uvloop-h1,...] [--json out.json]
+    python -m benchmarks.asgi_servers [--rounds 3] [--seconds 5] [--python VENV/bin/python]
+                                      [--only uvicorn,granian-uvloop,...] [--json out.json]
 
 Theory of operation
 -------------------
@@ -261,7 +261,9 @@ def select(only: str | None) -> list[Candidate]:
     if not only:
         return list(CANDIDATES)
     prefixes = [p.strip() for p in only.split(",") if p.strip()]
-    return [c for c in CANDIDATES if c.name == BASELINE or any(c.name.startswith(p) for p in prefixes)]
+    return [
+        c for c in CANDIDATES if c.name == BASELINE or any(c.name.startswith(p) for p in prefixes)
+    ]
 
 
 def measure(
