@@ -267,9 +267,15 @@ def select(only: str | None) -> list[Candidate]:
 
 
 def measure(
-    candidates: Sequence[Candidate], python: str, rounds: int, seconds: float, workdir: Path
+    candidates: Sequence[Candidate],
+    python: str,
+    rounds: int,
+    seconds: float,
+    workdir: Path,
+    warmup: float = 2.0,
 ) -> tuple[list[Measured], list[str]]:
-    """Every available candidate, ``rounds`` alternating rounds; also the skipped lines."""
+    """Every available candidate, ``rounds`` alternating rounds after a ``warmup``-second run
+    of each (0: none); also the skipped lines."""
     skipped: list[str] = []
     runnable: list[Candidate] = []
     for c in candidates:
@@ -287,8 +293,8 @@ def measure(
         for c in runnable:
             interpreter = sys.executable if c.project else python
             urls[c.name] = stack.enter_context(serving(c, interpreter, workdir))
-        for c in runnable:  # warm-up: imports, first connections, the loop's caches
-            measure_once(*urls[c.name], min(seconds, 2.0), workdir)
+        for c in runnable if warmup > 0 else ():  # imports, first connections, caches
+            measure_once(*urls[c.name], warmup, workdir)
         for k, forward in alternate(rounds):
             order = runnable if forward else list(reversed(runnable))
             for c in order:
@@ -358,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         help="interpreter for granian and hypercorn (a venv with them installed)",
     )
     parser.add_argument("--only", help="comma-separated name prefixes (the baseline always runs)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds per candidate; 0: none")
     parser.add_argument("--json")
     parser.add_argument("--data-dir", default="bench-data")
     args = parser.parse_args(argv)
@@ -370,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.UTC)
     load_before = os.getloadavg()
     try:
-        measured, skipped = measure(candidates, args.python, args.rounds, args.seconds, workdir)
+        measured, skipped = measure(
+            candidates, args.python, args.rounds, args.seconds, workdir, args.warmup
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print_servers(measured)
