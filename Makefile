@@ -11,7 +11,7 @@ DATA_DIR ?= ./logbus-data
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: run cluster test test-slow lint typecheck browser postgres bench bench-storage bench-cluster bench-auth bench-txn clean
+.PHONY: run cluster test test-slow lint typecheck browser postgres redis bench bench-storage bench-cluster bench-auth bench-txn clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -46,7 +46,7 @@ lint: $(TEST_STAMP)
 typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
-test: $(TEST_STAMP) lint typecheck browser postgres
+test: $(TEST_STAMP) lint typecheck browser postgres redis
 	$(BIN)/pytest -m "not slow" -q --durations=30
 
 # The browser test (EventSource and WebSocket in headless Chromium) needs Debian's chromium;
@@ -61,6 +61,12 @@ postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
 		|| (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) \
 		|| echo "postgresql could not be installed: the PostgreSQL tests will skip"
+
+# benchmarks.redis_peer's test starts Debian's redis-server; without root or apt it skips.
+redis:
+	@command -v redis-server >/dev/null 2>&1 \
+		|| (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) \
+		|| echo "redis-server could not be installed: the Redis benchmark test will skip"
 
 test-slow: $(TEST_STAMP) postgres
 	$(BIN)/pytest -m slow -q

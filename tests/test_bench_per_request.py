@@ -1,0 +1,67 @@
+"""The issue-14 benchmark plumbing: ratios, the in-process request cost, the part selection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import per_request, request_cost
+from benchmarks.ratios import Ratio, alternate, print_table
+
+
+def test_a_ratio_is_the_median_of_its_rounds_against_its_target(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    up = Ratio("throughput", 0.5, [0.4, 0.7, 0.6])
+    assert up.value == 0.6 and up.met is True
+    down = Ratio("p99", 10, [12.0, 9.0, 11.0], unit="ms", lower_is_better=True)
+    assert down.value == 11.0 and down.met is False
+    empty = Ratio("never measured", 1.0)
+    assert empty.met is None
+    assert up.as_dict()["met"] is True and down.as_dict()["value"] == 11.0
+    print_table([up, down, empty])
+    out = capsys.readouterr().out
+    assert "MISSED" in out and "met" in out
+    assert alternate(4) == [(0, True), (1, False), (2, True), (3, False)]
+
+
+def test_request_cost_serves_produces_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    assert request_cost.main(["--requests", "256", "--concurrency", "16"]) == 0
+    assert "µs CPU per request (16 concurrent callers)" in capsys.readouterr().out
+
+
+def test_an_unknown_part_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as e:
+        per_request.main(["--only", "nothing", "--data-dir", str(tmp_path)])
+    assert e.value.code == 2
+
+
+def test_a_failing_part_is_reported_and_the_others_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def works(rounds: int, seconds: float, workdir: Path) -> list[Ratio]:
+        return [Ratio("works", 1.0, [1.5] * rounds)]
+
+    def fails(rounds: int, seconds: float, workdir: Path) -> list[Ratio]:
+        raise RuntimeError("no server")
+
+    monkeypatch.setattr(per_request, "_parts", lambda: {"small": works, "latency": fails})
+    out = tmp_path / "out.json"
+    code = per_request.main(
+        [
+            "--only",
+            "small,latency",
+            "--rounds",
+            "2",
+            "--json",
+            str(out),
+            "--data-dir",
+            str(tmp_path),
+        ]
+    )
+    assert code == 1
+    doc = json.loads(out.read_text())
+    assert doc["failed_parts"] == ["latency"]
+    assert [(r["name"], r["value"], r["met"]) for r in doc["ratios"]] == [("works", 1.5, True)]
