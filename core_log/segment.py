@@ -21,7 +21,7 @@ import contextlib
 import errno
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,26 +150,11 @@ class LogSegment:
         Returns the position it was written at. ``h`` must carry the final base offset.
         """
         position = self.size
-        total = len(prefix) + len(body)
-        assert total == h.size_bytes
-        with self._handles.use(self._handle) as fd:
-            try:
-                written = fileio.ops.pwritev(fd, [prefix, body], position)
-                while written < total:  # short write: finish the remainder
-                    rest = (prefix + bytes(body))[written:]
-                    written += fileio.ops.pwrite(fd, rest, position + written)
-            except OSError as e:
-                undone = self._try_truncate(fd, position)
-                if undone and e.errno in DISK_FULL_ERRNOS:
-                    raise StorageFullError(
-                        f"{self.log_path.parent.name}: disk full ({e.strerror}); "
-                        "nothing was appended"
-                    ) from e
-                raise KafkaStorageError(f"write to {self.log_path} failed: {e}") from e
-        self._track(position, h)
+        assert len(prefix) + len(body) == h.size_bytes
+        self.append_many([(prefix, body, h)])
         return position
 
-    def append_many(self, batches: list[tuple[bytes, memoryview, BatchHeader]]) -> None:
+    def append_many(self, batches: Sequence[tuple[bytes, bytes | memoryview, BatchHeader]]) -> None:
         """Write batches (``prefix``, ``body``, patched header) back to back in as few calls as
         the kernel takes (``IOV_MAX`` buffers each); all or nothing, as :meth:`append`."""
         start = self.size
