@@ -63,6 +63,20 @@ def test_half_a_request_head_is_closed(broker: BrokerProcess) -> None:
         assert closed_by_peer(s)
 
 
+def test_a_second_head_half_sent_on_a_keep_alive_connection_is_closed(
+    broker: BrokerProcess,
+) -> None:
+    """The head timeout's timer outlives a request (it is moved, not re-created): the next
+    request's head is timed from its own first byte all the same."""
+    with connect(broker) as s:
+        for _ in range(3):
+            s.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n\r\n".encode())
+            status, _, _ = read_answer(s)
+            assert status == 200
+        s.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n".encode())
+        assert closed_by_peer(s)
+
+
 def test_a_head_trickled_byte_by_byte_is_closed(broker: BrokerProcess) -> None:
     """The head timeout runs from the first byte, not from the last one."""
     head = (
