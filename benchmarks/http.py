@@ -32,6 +32,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -219,32 +220,44 @@ def json_body(n: int) -> bytes:
 # -- latency -----------------------------------------------------------------------------------
 
 
+PRODUCERS = 4  # producer connections of the latency run
+
+
 async def produce_to_consume_latency(
     base: str, topic: str, rate_per_s: int, seconds: float, direct: bool = False
 ) -> tuple[float, float, int]:
     """p50/p99 (ms) from sending a record to a long-polling consumer receiving it (``base``:
-    the partition's leader; ``direct``: say so, so that no broker forwards)."""
+    the partition's leader on loopback; ``direct``: say so, so that no broker forwards).
+
+    One record per produce at ``rate_per_s``, each of :data:`PRODUCERS` keep-alive
+    connections sending every PRODUCERS-th record on its schedule, and one consumer
+    long-polling from the partition's end; all raw HTTP/1.1 (:class:`benchmarks.transactions.
+    Conn`): one connection waiting for each answer in turn could not hold 1,000/s, and httpx's
+    own ≈ 0.5 ms a request, in the same process as the consumer, counted as latency."""
+    from benchmarks.transactions import Conn
+
+    port = urllib.parse.urlsplit(base).port or 80
+    route = {"Logbus-Route": "direct"} if direct else {}
     sent: dict[int, float] = {}
     latencies: list[float] = []
     stop = asyncio.Event()
-    limits = httpx.Limits(max_connections=4)
-    headers = {"logbus-route": "direct"} if direct else None
-    async with httpx.AsyncClient(
-        base_url=base, timeout=30, limits=limits, headers=headers
-    ) as client:
-        start_offset = (await client.get(f"/v1/topics/{topic}/partitions/0/offsets")).json()[
-            "offset"
-        ]
+    records = f"/v1/topics/{topic}/partitions/0/records"
+    poller = await Conn(port).open()
+    producers = [await Conn(port).open() for _ in range(PRODUCERS)]
+    try:
+        _, body = await poller.request(
+            "GET", f"/v1/topics/{topic}/partitions/0/offsets", b"", route
+        )
+        start_offset = orjson.loads(body)["offset"]
 
         async def consume() -> None:
             offset = start_offset
             while not stop.is_set() or offset < start_offset + len(sent):
-                r = await client.get(
-                    f"/v1/topics/{topic}/partitions/0/records",
-                    params={"offset": offset, "wait_ms": 1000},
+                _, answer = await poller.request(
+                    "GET", f"{records}?offset={offset}&wait_ms=1000", b"", route
                 )
                 now = time.perf_counter()
-                doc = r.json()
+                doc = orjson.loads(answer)
                 for rec in doc["records"]:
                     seq = rec["value"]["seq"]
                     if seq in sent:
@@ -256,22 +269,29 @@ async def produce_to_consume_latency(
         consumer = asyncio.create_task(consume())
         await asyncio.sleep(0.2)
         interval = 1 / rate_per_s
+        total = int(seconds * rate_per_s)
+        headers = {"Content-Type": "application/json", **route}
         t0 = time.perf_counter()
-        seq = 0
-        while time.perf_counter() - t0 < seconds:
-            target = t0 + seq * interval
-            delay = target - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            sent[seq] = time.perf_counter()
-            await client.post(
-                f"/v1/topics/{topic}/records",
-                params={"acks": "1"},
-                json={"records": [{"value": {"seq": seq}}]},
-            )
-            seq += 1
+
+        async def produce(conn: Conn, first: int) -> None:
+            for seq in range(first, total, PRODUCERS):
+                delay = t0 + seq * interval - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                body = b'{"records":[{"value":{"seq":%d}}]}' % seq
+                sent[seq] = time.perf_counter()
+                status, _ = await conn.request(
+                    "POST", f"/v1/topics/{topic}/records?acks=1", body, headers
+                )
+                if status != 200:
+                    raise RuntimeError(f"produce answered {status}")
+
+        await asyncio.gather(*(produce(c, k) for k, c in enumerate(producers)))
         stop.set()
         await asyncio.wait_for(consumer, 30)
+    finally:
+        for c in (poller, *producers):
+            await c.close()
     latencies.sort()
     p50 = statistics.median(latencies)
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]

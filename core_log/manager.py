@@ -389,6 +389,7 @@ class Partition:
                     g.future.set_exception(e)
             return
         if result is not None:
+            self._advance_high_watermark()  # long-polls wake now, not once each caller resumes
             _answer_run(run, result)
             return
         # It must wait (the lock, a roll, an fsync): queued as one append, in order.
