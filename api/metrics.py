@@ -257,8 +257,8 @@ class _Traffic(Collector):
 
     Counted in plain ints and exported at scrape time, under the same names a
     ``prometheus_client`` Counter and Histogram would use: their ``inc`` and ``observe`` take a
-    lock each, ≈ 6 µs of a one-record produce's ≈ 100 µs in five of them. The event loop is the
-    only writer, so no lock is needed; a scrape reads between two of its steps."""
+    lock each — a produce's four updates cost ≈ 3.0 µs that way, ≈ 0.75 µs here. The event loop
+    is the only writer, so no lock is needed; a scrape reads between two of its steps."""
 
     def __init__(self) -> None:
         self.requests: dict[tuple[str, str, int], int] = {}
