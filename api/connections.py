@@ -199,7 +199,7 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._peer_user: str | None = None
         # The head timeout's one timer per connection, re-armed lazily: a request moves the
-        # deadline (a float) instead of creating and cancelling a timer (≈ 5 µs a request).
+        # deadline (a float) instead of creating and cancelling a timer (≈ 4.5 µs under uvloop).
         self._head_timer: TimerHandle | None = None
         self._head_deadline = 0.0
         self._head_armed = False  # a head is being awaited: the deadline applies

@@ -46,8 +46,9 @@ class ClientDisconnected(Exception):
 
 class BodyChunks:
     """The request body's chunks as they arrive; raises :class:`ClientDisconnected` if the
-    client goes away first. A class, not an async generator: the event loop registers every
-    async generator for finalization (≈ 2 µs a request)."""
+    client goes away first. A class, not an async generator: the stdlib event loop registers
+    every async generator for finalization (≈ 1 % of an in-process profile of a small
+    produce); under uvloop both cost ≈ 1.2 µs a body."""
 
     __slots__ = ("_done", "_receive")
 

@@ -432,7 +432,7 @@ async def _produce_parsed(
     groups, placement = _route(broker, topic, partition, parsed, sticky)
     max_message_bytes = broker.log_config(topic).max_message_bytes
     payloads = {p: build_batches(rs, max_message_bytes) for p, rs in groups.items()}
-    if len(payloads) == 1:  # most requests: no task per partition (≈ 20 µs a request)
+    if len(payloads) == 1:  # most requests: no task (gather of one: ≈ 12 µs)
         [(p, data)] = payloads.items()
         results = [await broker.append(topic, p, data, acks)]
     else:
