@@ -327,6 +327,21 @@ def _redis(port: int) -> redis.Redis:
     return redis.Redis(port=port, socket_timeout=60.0, socket_connect_timeout=5.0)
 
 
+def _in_threads(
+    worker: Callable[[int], None], clients: Sequence[redis.Redis | RawRedis], sent: list[int]
+) -> int:
+    """``worker(i)`` for each client, one thread each, until all return; the clients closed
+    after; the records sent."""
+    try:
+        with ThreadPoolExecutor(len(clients)) as pool:
+            for f in [pool.submit(worker, i) for i in range(len(clients))]:
+                f.result()
+    finally:
+        for c in clients:
+            c.close()
+    return sum(sent)
+
+
 def redis_produce(port: int, stream: str, conns: int, seconds: float) -> int:
     clients = [_redis(port) for _ in range(conns)]
     sent = [0] * conns
@@ -341,14 +356,7 @@ def redis_produce(port: int, stream: str, conns: int, seconds: float) -> int:
             pipe.execute()
             sent[i] += RECORDS_PER_REQUEST
 
-    try:
-        with ThreadPoolExecutor(conns) as pool:
-            for f in [pool.submit(worker, i) for i in range(conns)]:
-                f.result()
-    finally:
-        for r in clients:
-            r.close()
-    return sum(sent)
+    return _in_threads(worker, clients, sent)
 
 
 def redis_fill(port: int, stream: str, total: int) -> None:
@@ -420,14 +428,7 @@ def redis_produce_raw(port: int, stream: str, conns: int, seconds: float) -> int
             clients[i].call([xadd] * RECORDS_PER_REQUEST)
             sent[i] += RECORDS_PER_REQUEST
 
-    try:
-        with ThreadPoolExecutor(conns) as pool:
-            for f in [pool.submit(worker, i) for i in range(conns)]:
-                f.result()
-    finally:
-        for c in clients:
-            c.close()
-    return sum(sent)
+    return _in_threads(worker, clients, sent)
 
 
 def redis_consume_raw(port: int, stream: str, total: int) -> int:
