@@ -498,12 +498,22 @@ def _decompress_capped(h: BatchHeader, data: bytes, max_bytes: int) -> bytes:
 
 _LENGTH_AT = struct.Struct(">i")  # batchLength, at byte 8
 _ATTRIBUTES_AT = struct.Struct(">h")  # attributes, at byte 21
+_PRODUCER_ID_AT = struct.Struct(">q")  # producerId, at byte 43
 
 
 def any_compressed(buf: bytes | memoryview) -> bool:
     """Does ``buf`` (whole batches back to back) hold a compressed batch? Headers only, as
     :func:`scan_batches` walks them (two fields read, no header built: every small produce
     asks)."""
+    return _any_header(buf, producer=False)
+
+
+def any_compressed_or_producer(buf: bytes | memoryview) -> bool:
+    """:func:`any_compressed`, or a batch with a producer id (idempotent, transactional)."""
+    return _any_header(buf, producer=True)
+
+
+def _any_header(buf: bytes | memoryview, *, producer: bool) -> bool:
     pos = 0
     end = len(buf)
     while end - pos >= HEADER_BYTES:
@@ -511,6 +521,8 @@ def any_compressed(buf: bytes | memoryview) -> bool:
         if size < HEADER_BYTES or pos + size > end:
             return False
         if _ATTRIBUTES_AT.unpack_from(buf, pos + 21)[0] & COMPRESSION_MASK:
+            return True
+        if producer and _PRODUCER_ID_AT.unpack_from(buf, pos + 43)[0] >= 0:
             return True
         pos += size
     return False

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import executors
-from .batch import BatchHeader, any_compressed
+from .batch import BatchHeader, any_compressed, any_compressed_or_producer
 from .checkpoint import fsync_dir
 from .cleaner import DEFAULT_MAX_KEYS, CleanResult, cleaning_priority
 from .clock import Clock, SystemClock
@@ -291,7 +291,10 @@ class Partition:
                 not as_follower
                 and not transactional
                 and len(data) <= inline_max_bytes
-                and not any_compressed(data)  # its validation decompresses: off the loop
+                # Compressed: its check decompresses (off the loop). A producer id: its own
+                # append (a duplicate answers for its whole request). Read from the headers,
+                # so neither is checked twice.
+                and not any_compressed_or_producer(data)
             ):
                 result = await self._gather(data, leader_epoch, durable, inline_max_bytes)
             else:

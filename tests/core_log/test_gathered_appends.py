@@ -14,7 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core_log import fileio
-from core_log.batch import COMPRESSION_MASK, Record, any_compressed, build_batch, scan_batches
+from core_log.batch import (
+    COMPRESSION_MASK,
+    Record,
+    any_compressed,
+    any_compressed_or_producer,
+    build_batch,
+    scan_batches,
+)
 from core_log.compression import Compression
 from core_log.config import LogConfig
 from core_log.errors import CorruptRecordError, RecordTooLargeError, StorageFullError
@@ -205,21 +212,37 @@ def test_a_full_disk_fails_the_whole_run_and_appends_nothing(tmp_path: Path) -> 
 
 @given(
     st.lists(
-        st.tuples(st.binary(max_size=40), st.sampled_from([Compression.NONE, Compression.GZIP])),
+        st.tuples(
+            st.binary(max_size=40),
+            st.sampled_from([Compression.NONE, Compression.GZIP]),
+            st.sampled_from([-1, 0, 7]),
+        ),
         max_size=4,
     ),
     st.integers(0, 400),
     st.binary(max_size=80),
 )
-def test_any_compressed_reads_headers_as_scan_batches_does(
-    specs: list[tuple[bytes, Compression]], cut: int, noise: bytes
+def test_header_walks_read_headers_as_scan_batches_does(
+    specs: list[tuple[bytes, Compression, int]], cut: int, noise: bytes
 ) -> None:
-    """The two-field header walk that every small produce takes agrees with the full one,
-    on whole, cut and random buffers."""
+    """The two- and three-field header walks that every small produce takes agree with the
+    full one, on whole, cut and random buffers."""
 
-    def by_scan(buf: bytes) -> bool:
-        return any(h.attributes & COMPRESSION_MASK for _, h in scan_batches(buf))
+    def by_scan(buf: bytes, producer: bool) -> bool:
+        return any(
+            h.attributes & COMPRESSION_MASK or (producer and h.producer_id >= 0)
+            for _, h in scan_batches(buf)
+        )
 
-    whole = b"".join(build_batch([Record(v, timestamp=T0)], compression=c) for v, c in specs)
+    def one(value: bytes, codec: Compression, pid: int) -> bytes:
+        record = [Record(value, timestamp=T0)]
+        if pid < 0:
+            return build_batch(record, compression=codec)
+        return build_batch(
+            record, compression=codec, producer_id=pid, producer_epoch=0, base_sequence=0
+        )
+
+    whole = b"".join(one(v, c, pid) for v, c, pid in specs)
     for buf in (whole, whole[:cut], noise, whole + noise):
-        assert any_compressed(buf) == by_scan(buf)
+        assert any_compressed(buf) == by_scan(buf, False)
+        assert any_compressed_or_producer(buf) == by_scan(buf, True)
