@@ -51,7 +51,6 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -70,6 +69,7 @@ from core_log.handles import HandleCache
 from core_log.log import PartitionLog
 from tests.chaos.checker import History, HistoryLog, Op, Poll, Record, Send, check
 from tests.chaos.proxy import ThreadedLinkProxy
+from tests.pause import pause
 from tests.server import BrokerProcess, free_port
 
 T = TypeVar("T")
@@ -91,8 +91,6 @@ CLIENT_TIMEOUT_S: Final = 10.0  # > the request timeout (5 s): acks=all is answe
 ROUTE_DIRECT: Final = {"Logbus-Route": "direct"}
 RETRY_BACKOFF_S: Final = 0.05
 DRAIN_S: Final = 60.0  # how long a producer keeps retrying its last batch after stop()
-SQLITE_LOCK_S: Final = 5.0  # waiting for the shared SQLite file's write lock (pause)
-SQLITE_PAUSE_ATTEMPTS: Final = 20
 
 
 class ChaosBroker(BrokerProcess):
@@ -235,38 +233,11 @@ class ChaosCluster:
             b.stop()
 
     def pause(self, i: int) -> None:
-        """SIGSTOP broker ``i``. On SQLite, not inside one of its write transactions: a
-        process stopped there keeps the shared file's write lock, and every other broker's
-        heartbeat and election waits until it continues (inherent to one file shared by
-        processes; docs/operations.md). The test is about a stopped *broker*, so a stop that
-        caught the lock is undone at once and tried again."""
+        """SIGSTOP broker ``i``, outside its SQLite write transactions (:mod:`tests.pause`)."""
         proc = self.brokers[i].proc
         assert proc is not None, f"broker {i} is not running"
-        for _ in range(SQLITE_PAUSE_ATTEMPTS):
-            os.kill(proc.pid, signal.SIGSTOP)
-            if self.is_postgres or self._sqlite_writable():
-                break
-            os.kill(proc.pid, signal.SIGCONT)
-        else:
-            raise AssertionError(f"broker {i} held the SQLite write lock at every stop")
+        pause(proc.pid, self.metadata_url)
         self._paused.add(i)
-
-    def _sqlite_writable(self) -> bool:
-        """Whether a write transaction on the shared SQLite file can begin (a normal one of a
-        running broker lasts milliseconds; the bound is far above that)."""
-        path = urlsplit(self.metadata_url).path
-        db = sqlite3.connect(path[1:] if path.startswith("//") else path, timeout=SQLITE_LOCK_S)
-        try:
-            db.isolation_level = None
-            db.execute("BEGIN IMMEDIATE")
-            db.execute("ROLLBACK")
-            return True
-        except sqlite3.OperationalError as e:
-            if "locked" in str(e) or "busy" in str(e):
-                return False
-            raise
-        finally:
-            db.close()
 
     def resume(self, i: int) -> None:
         proc = self.brokers[i].proc

@@ -47,6 +47,7 @@ from cluster.schema import brokers_table
 from core_log.batch import scan_batches
 from core_log.fileio import JOURNAL_ENV, drop_unsynced
 from tests.cluster.test_cluster_processes import CLUSTER_ENV
+from tests.pause import pause
 from tests.server import BrokerProcess
 
 T = TypeVar("T")
@@ -433,7 +434,7 @@ def test_kip101_both_crash_and_the_lagging_replica_leads_first(cluster: Cluster)
     acked = _acked(c, leader, "b", "m", 10)
     f_proc = c.brokers[follower].proc
     assert f_proc is not None
-    os.kill(f_proc.pid, signal.SIGSTOP)  # it stops fetching: lagging, yet still in the ISR
+    pause(f_proc.pid, c.url)  # it stops fetching: lagging, yet still in the ISR
     # Its last fetch may be parked at the leader: a write now would be sent into its socket
     # and read on SIGCONT. The leader answers a parked fetch (empty) by the protocol's bound,
     # replica_fetch_wait_max_ms; past that, a stopped follower has no fetch outstanding.
@@ -506,7 +507,7 @@ def test_unclean_election_off_keeps_the_partition_offline_on_allows_it_and_count
     acked = _acked(c, row.leader, "u", "m", 5)
     proc = c.brokers[stale].proc
     assert proc is not None
-    os.kill(proc.pid, signal.SIGSTOP)
+    pause(proc.pid, c.url)
     eventually(lambda: stale not in c.row("u").isr or None, "the stopped replica out of the ISR")
     missed = _acked(c, row.leader, "u", "x", 5)  # only the ISR has these
     c.kill(*others)

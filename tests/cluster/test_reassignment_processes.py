@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from cluster.metadata import MetadataStore, PartitionMeta
+from tests.pause import pause
 
 from .test_cluster_processes import brokers_on_one_store, eventually
 
@@ -213,7 +214,8 @@ def test_a_reassignment_is_cancelled_back_to_the_original_replicas(tmp_path: Pat
 
         proc = brokers[arriving].proc
         assert proc is not None
-        os.kill(proc.pid, signal.SIGSTOP)
+        # Not inside its write to the shared SQLite file: the controller must write meanwhile.
+        pause(proc.pid, url)
         try:
             r = httpx.put(replicas, json={"replicas": [home, arriving]}, timeout=30)
             assert r.status_code == 202, r.text
