@@ -264,8 +264,11 @@ def _route_header(scope: Scope) -> str:
     """The request's Logbus-Route (``forward`` when absent)."""
     if scope["type"] not in ("http", "websocket"):
         return "forward"
-    raw = next((v for k, v in scope["headers"] if k == b"logbus-route"), None)
-    return "forward" if raw is None else raw.decode("latin-1").strip().lower()
+    for k, v in scope["headers"]:  # a loop, not next(<generator>): every request asks
+        if k == b"logbus-route":
+            raw: bytes = v
+            return raw.decode("latin-1").strip().lower()
+    return "forward"
 
 
 def _bad_route(route: str) -> LogbusError:
@@ -325,7 +328,8 @@ async def send_reply(send: Send, reply: records.Reply) -> None:
         (b"content-type", reply.content_type.encode()),
         (b"content-length", str(len(reply.body)).encode()),
     ]
-    raw.extend((k.lower().encode(), v.encode()) for k, v in reply.headers.items())
+    if reply.headers:
+        raw.extend((k.lower().encode(), v.encode()) for k, v in reply.headers.items())
     start: dict[str, Any] = {"type": "http.response.start", "status": reply.status, "headers": raw}
     await send(start)
     body = reply.body

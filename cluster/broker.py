@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from core_log.batch import HEADER_BYTES, parse_header
+from core_log.batch import HEADER_BYTES, BatchHeader, parse_header
 from core_log.clock import Clock, SystemClock
 from core_log.config import KEYS_BY_NAME, LogConfig
 from core_log.datadir import DataDirLock
@@ -856,12 +856,15 @@ class Broker:
         internal: bool = False,
         direct: bool | None = None,
         transactional: bool = False,
+        checked: list[BatchHeader] | None = None,
     ) -> AppendResult:
         """Append batches; clients may not write to internal topics (``internal`` is for the
         broker's own writers). In a cluster, a partition led elsewhere is forwarded to its
         leader, or refused with 421 naming it when the client routes itself (``direct``).
         ``transactional``: the batches may be transactional (the caller added the partition to
-        the producer's transaction at its coordinator first)."""
+        the producer's transaction at its coordinator first). ``checked``: see
+        :meth:`core_log.manager.Partition.append` (not sent on when forwarded: the leader
+        checks what it receives)."""
         if not internal:
             _check_not_internal(topic)
         if self.replicas is not None and self.forwarder is not None:
@@ -876,6 +879,7 @@ class Broker:
                         data,
                         wait_for_isr=acks is Acks.ALL,
                         transactional=transactional,
+                        checked=checked,
                     )
                 return await self.forwarder.append(
                     topic, partition, data, acks_all=acks is Acks.ALL, transactional=transactional
@@ -887,7 +891,11 @@ class Broker:
         p = self.partition(topic, partition)
         self._check_not_fenced(data)
         return await p.append(
-            data, leader_epoch=0, durable=acks is Acks.ALL, transactional=transactional
+            data,
+            leader_epoch=0,
+            durable=acks is Acks.ALL,
+            transactional=transactional,
+            checked=checked,
         )
 
     async def write_marker(

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core_log.batch import BatchHeader
 from core_log.clock import Clock
 from core_log.config import LogConfig
 from core_log.epoch_cache import UNDEFINED_EPOCH
@@ -431,6 +432,7 @@ class ReplicaManager:
         *,
         wait_for_isr: bool,
         transactional: bool = False,
+        checked: list[BatchHeader] | None = None,
     ) -> AppendResult:
         leading = self.leader_of(topic, partition)
         replica = leading.replica
@@ -441,6 +443,7 @@ class ReplicaManager:
             leader_epoch=replica.leader_epoch,
             durable=leading.fsync and wait_for_isr,
             transactional=transactional,
+            checked=checked,
         )
         if not result.duplicate:
             leading.appended(result.base_offset, result.size_bytes)

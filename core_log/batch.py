@@ -341,12 +341,13 @@ def build_batch(
         raise InvalidRecordError("a batch needs at least one record")
     if len(records) > MAX_RECORDS_PER_BATCH:
         raise InvalidRecordError(f"more than {MAX_RECORDS_PER_BATCH} records in one batch")
-    if any(r.timestamp < 0 for r in records):
+    timestamps = [r.timestamp for r in records]
+    if min(timestamps) < 0:
         records = [
             r if r.timestamp >= 0 else Record(r.value, r.key, r.headers, default_timestamp)
             for r in records
         ]
-    timestamps = [r.timestamp for r in records]
+        timestamps = [r.timestamp for r in records]
     base_ts = timestamps[0]
     max_ts = max(timestamps)
     body = compress(compression, encode_records(records, base_ts))
@@ -606,6 +607,23 @@ class Fault(NamedTuple):
 
 TIMESTAMP_OUT_OF_RANGE = "timestamp out of range"
 _NO_START = -(2**63)
+
+
+def built_headers(buf: bytes, records: Sequence[Record]) -> list[BatchHeader] | None:
+    """The headers of ``buf`` — batches :func:`build_batch` made of ``records`` with its
+    defaults (offset deltas 0..n-1, no producer id, not compressed, transactional or control)
+    — when :func:`validate_batch` ``strict`` cannot refuse them, so the log need not walk them
+    again: no record has headers (a header key over its cap is refused there) and every batch's
+    maxTimestamp is in range (the only other rule a built record can break: JSON allows any
+    int64, the log year 9999). None otherwise: the log checks them and says what is wrong."""
+    for r in records:
+        if r.headers:
+            return None
+    headers = [h for _, h in scan_batches(buf)]
+    for h in headers:
+        if not timestamp_ok(h.max_timestamp):
+            return None
+    return headers
 
 
 def timestamp_ok(ts: int) -> bool:

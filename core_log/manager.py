@@ -195,14 +195,21 @@ def _answer_run(run: list[_Gathered], outcome: AppendResult | asyncio.Future[App
         outcome = outcome.result()
     offset = outcome.base_offset
     for g in run:
-        span = sum(h.next_offset - h.base_offset for h in g.headers)
+        headers = g.headers
+        if len(headers) == 1:  # one batch a request (most): no generators
+            [h] = headers
+            span = h.last_offset_delta + 1
+            records = h.record_count
+        else:
+            span = sum(h.next_offset - h.base_offset for h in headers)
+            records = sum(h.record_count for h in headers)
         if not g.future.done():
             g.future.set_result(
                 AppendResult(
                     base_offset=offset,
                     last_offset=offset + span - 1,
-                    batches=len(g.headers),
-                    records=sum(h.record_count for h in g.headers),
+                    batches=len(headers),
+                    records=records,
                     size_bytes=len(g.view),
                     log_append_time_ms=outcome.log_append_time_ms,
                     sync_required=outcome.sync_required,
@@ -273,6 +280,7 @@ class Partition:
         durable: bool = False,
         inline_max_bytes: int = OFF_LOOP_IO_BYTES - 1,
         transactional: bool = False,
+        checked: list[BatchHeader] | None = None,
     ) -> AppendResult:
         """Append whole batches; with ``durable`` (or when ``flush.messages`` is reached) wait
         for an fsync covering them. Advances the high watermark in standalone mode, never past
@@ -284,10 +292,20 @@ class Partition:
         follower's replication append: see cluster.replica_manager).
 
         ``transactional``: accept transactional data batches (:meth:`PartitionLog.append`);
-        the caller has checked the transaction with its coordinator."""
+        the caller has checked the transaction with its coordinator.
+
+        ``checked``: the headers of batches the caller built itself and knows pass the
+        producer checks (:func:`core_log.batch.built_headers`): they are not walked again."""
         self.log_dir.check()
         try:
             if (
+                checked is not None
+                and not as_follower
+                and not transactional
+                and len(data) <= inline_max_bytes
+            ):
+                result = await self._gather(data, leader_epoch, durable, inline_max_bytes, checked)
+            elif (
                 not as_follower
                 and not transactional
                 and len(data) <= inline_max_bytes
@@ -331,7 +349,12 @@ class Partition:
         )
 
     async def _gather(
-        self, data: bytes | memoryview, leader_epoch: int, durable: bool, max_bytes: int
+        self,
+        data: bytes | memoryview,
+        leader_epoch: int,
+        durable: bool,
+        max_bytes: int,
+        checked: list[BatchHeader] | None = None,
     ) -> AppendResult:
         """Append a producer's small batches together with the others that arrive in the same
         turn of the event loop, and return this request's own offsets.
@@ -343,7 +366,10 @@ class Partition:
         Each request's batches are checked first, so a bad one fails alone. Batches with a
         producer id (idempotent, transactional) keep their own append: a duplicate answers
         for its whole request."""
-        view, headers = self.log.split(data)
+        if checked is None:
+            view, headers = self.log.split(data)
+        else:
+            view, headers = memoryview(data), checked
         if not self.log.gatherable(headers):
             return await self._append_pending(
                 _PendingAppend(view, leader_epoch, False, durable, True)
