@@ -59,16 +59,6 @@ CORS_EXPOSE = (
 )
 CORS_MAX_AGE_S = 600  # browsers cap it (Chromium: 2 h); 10 min re-checks a changed allow-list
 HOST_CACHE_MAX = 256  # distinct Host values remembered (a client sends the same one each time)
-_WANTED = frozenset(
-    {
-        b"host",
-        b"origin",
-        b"content-type",
-        b"content-length",
-        b"transfer-encoding",
-        b"access-control-request-method",
-    }
-)
 CLOSE_FORBIDDEN = 4403  # a WebSocket refused before accept: the client sees HTTP 403
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -133,12 +123,8 @@ class BrowserPolicy:
         self._seen: dict[str, bool] = {}  # Host header → allowed (parsing one costs ~2 µs)
 
     def check_scope(self, scope: Scope) -> Verdict:
-        """:meth:`check` for an ASGI scope, reading only the headers it needs."""
-        wanted: dict[str, str] = {}
-        for name, value in scope["headers"]:
-            if name in _WANTED:
-                wanted[name.decode()] = value.decode("latin-1")
-        return self.check(scope["type"], scope.get("method", "GET"), wanted)
+        """:meth:`check` for an ASGI scope."""
+        return self.check(scope["type"], scope.get("method", "GET"), request_headers(scope))
 
     def host_allowed(self, host: str | None) -> bool:
         if self.any_host:
@@ -182,6 +168,19 @@ class BrowserPolicy:
             if kind_ not in BODY_TYPES:
                 return Verdict(415, _untyped_body(kind_), cors)
         return Verdict(0, None, cors) if cors else PASS
+
+
+_HEADERS_KEY = "logbus.headers"
+
+
+def request_headers(scope: Scope) -> dict[str, str]:
+    """The request's headers by lower-case name (the last of a repeated one), decoded once per
+    request and kept in its scope: the front door's checks and the handler all read them."""
+    headers: dict[str, str] | None = scope.get(_HEADERS_KEY)
+    if headers is None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        scope[_HEADERS_KEY] = headers
+    return headers
 
 
 def media_type(raw: str | None) -> str:

