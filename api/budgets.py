@@ -27,7 +27,7 @@ as large as the per-request cap anyway.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -185,17 +185,23 @@ class _GuardedRequest:
             self.reserved += size
         return message
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        """The app's ``send``: not a coroutine of its own (a frame each message of every
+        answer passes through), it hands back the server's."""
         if self.answered:
-            return
+            return _dropped()
         self.started = True
-        await self._send(message)
+        return self._send(message)
 
     async def _refuse(self, status: int, error: LogbusError) -> Message:
         if not self.started:
             self.answered = True
             await _answer(self._send, status, error)
         return {"type": "http.disconnect"}
+
+
+async def _dropped() -> None:
+    """What the app awaits for a message sent after the guard answered: nothing."""
 
 
 async def _answer(send: Send, status: int, error: LogbusError) -> None:
