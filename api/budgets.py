@@ -151,6 +151,18 @@ class BodyGuard:
 
 
 class _GuardedRequest:
+    __slots__ = (
+        "_receive",
+        "_send",
+        "answered",
+        "body_done",
+        "declared",
+        "guard",
+        "reserved",
+        "started",
+        "vanished",
+    )
+
     def __init__(self, guard: BodyGuard, scope: Scope, receive: Receive, send: Send) -> None:
         self.guard = guard
         self._receive = receive

@@ -183,8 +183,21 @@ def request_headers(scope: Scope) -> dict[str, str]:
     return headers
 
 
+_MEDIA_TYPES: dict[str, str] = {}  # Content-Type as sent → its media type (a client repeats one)
+MEDIA_TYPE_CACHE_MAX = 64
+
+
 def media_type(raw: str | None) -> str:
-    return (raw or "").split(";", 1)[0].strip().lower()
+    """The media type of a Content-Type value, lower case, without parameters."""
+    if raw is None:
+        return ""
+    kind = _MEDIA_TYPES.get(raw)
+    if kind is None:
+        kind = raw.split(";", 1)[0].strip().lower()
+        if len(_MEDIA_TYPES) >= MEDIA_TYPE_CACHE_MAX:
+            _MEDIA_TYPES.clear()
+        _MEDIA_TYPES[raw] = kind
+    return kind
 
 
 def _has_body(headers: Mapping[str, str]) -> bool:

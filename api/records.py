@@ -46,6 +46,7 @@ from core_log.isolation import committed_bytes
 from core_log.log import AppendResult, CommittedReadResult, ReadResult
 from core_log.recordjson import read_on_from
 
+from .guard import media_type
 from .params import is_uint, parse_uint
 from .problems import bad_request, payload_too_large, unsupported_media_type
 from .records_codec import (
@@ -141,10 +142,6 @@ async def read_body(chunks: Body, limit: int) -> bytes:
             raise payload_too_large(limit)
         parts.append(chunk)
     return b"".join(parts)
-
-
-def media_type(raw: str | None) -> str:
-    return (raw or "").split(";", 1)[0].strip().lower()
 
 
 # -- produce -----------------------------------------------------------------------------------

@@ -12,12 +12,25 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from api import guard
 from api.guard import BrowserPolicy
 from tests.api.conftest import make_client, start_broker
 from tests.api.helpers import JSON, assert_problem, create_topic, produce, unique
 from tests.server import BrokerProcess
 
 EVIL = "http://evil.example"
+
+
+def test_media_types_are_remembered_within_their_bound() -> None:
+    """Every request's Content-Type is reduced to its media type through a cache: a client
+    that sends a new value each time keeps it at MEDIA_TYPE_CACHE_MAX entries, and every
+    answer is what the value says."""
+    for i in range(3 * guard.MEDIA_TYPE_CACHE_MAX + 1):
+        raw = f"Application/JSON ; charset=utf-8; n={i}"
+        assert guard.media_type(raw) == "application/json"
+        assert len(guard._MEDIA_TYPES) <= guard.MEDIA_TYPE_CACHE_MAX
+    assert guard.media_type(" text/Plain") == "text/plain"
+    assert guard.media_type(None) == guard.media_type("") == ""
 
 # -- the policy, as values ---------------------------------------------------------------------
 
