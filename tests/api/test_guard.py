@@ -32,6 +32,7 @@ def test_media_types_are_remembered_within_their_bound() -> None:
     assert guard.media_type(" text/Plain") == "text/plain"
     assert guard.media_type(None) == guard.media_type("") == ""
 
+
 # -- the policy, as values ---------------------------------------------------------------------
 
 
