@@ -288,6 +288,35 @@ def test_a_run_written_during_an_fsync_waits_for_the_next_one(tmp_path: Path) ->
     run(main)
 
 
+def test_a_cancelled_waiter_leaves_the_shared_fsync_to_the_others(tmp_path: Path) -> None:
+    """A caller that goes away while the fsync runs (a closed connection) is not answered;
+    the fsync goes on, and the others of its run and a ``sync`` beside them are answered."""
+
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        await p.append(batch(b"first"))
+        with faulty_files() as files:
+            files.gate = gate = threading.Event()
+            tasks = [asyncio.create_task(durable_append(p, b"d%d" % i)) for i in range(4)]
+            await asyncio.to_thread(files.wait_for_datasync)
+            syncs = [asyncio.create_task(p.sync(p.log_end_offset)) for _ in range(2)]
+            await asyncio.sleep(0)  # both wait on the fsync in flight
+            tasks[1].cancel()
+            syncs[0].cancel()
+            gate.set()
+            outcomes = await asyncio.gather(*tasks, *syncs, return_exceptions=True)
+            assert files.datasyncs == 1
+        assert isinstance(outcomes[1], asyncio.CancelledError)
+        assert isinstance(outcomes[4], asyncio.CancelledError) and outcomes[5] is None
+        assert [r.base_offset for r in outcomes[:4] if isinstance(r, AppendResult)] == [1, 3, 4]
+        assert p.log.recovery_point == p.high_watermark == 5
+        await m.close()
+
+    run(main)
+
+
 def test_a_failed_fsync_fails_every_request_waiting_for_one(tmp_path: Path) -> None:
     """The run the failing fsync covered and the run waiting behind it fail; what an earlier
     fsync covered stays acknowledged, and a plain append was answered at once."""
