@@ -61,9 +61,17 @@ class StorageExecutors:
 
 async def run(pool: ThreadPoolExecutor, fn: Callable[P, T], /, *args: P.args, **kw: P.kwargs) -> T:
     """``fn(*args, **kw)`` in ``pool``; raises KafkaStorageError once the pool is shut down."""
+    return await submit(pool, fn, *args, **kw)
+
+
+def submit(
+    pool: ThreadPoolExecutor, fn: Callable[P, T], /, *args: P.args, **kw: P.kwargs
+) -> asyncio.Future[T]:
+    """``fn(*args, **kw)`` handed to ``pool`` now (a worker may start it before the caller
+    returns to the event loop); its outcome as an asyncio future. Raises KafkaStorageError
+    once the pool is shut down."""
     loop = asyncio.get_running_loop()
     try:
-        future = loop.run_in_executor(pool, functools.partial(fn, *args, **kw))
+        return loop.run_in_executor(pool, functools.partial(fn, *args, **kw))
     except RuntimeError as e:  # "cannot schedule new futures after shutdown"
         raise KafkaStorageError("the broker's storage is shutting down") from e
-    return await future

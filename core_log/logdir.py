@@ -39,9 +39,10 @@ class LogDirectory:
     def check(self) -> None:
         """Raise KAFKA_STORAGE_ERROR if the directory is offline."""
         if self.offline_cause is not None:
-            raise self._offline_error()
+            raise self.offline_error()
 
-    def _offline_error(self) -> KafkaStorageError:
+    def offline_error(self) -> KafkaStorageError:
+        """What a partition of this offline directory raises."""
         return KafkaStorageError(
             f"log directory {self.path} is offline after a storage error "
             f"({self.offline_cause}); restart the broker to recover it",
@@ -72,4 +73,4 @@ class LogDirectory:
             )
             for listener in self.on_offline:
                 listener()
-        return self._offline_error()
+        return self.offline_error()

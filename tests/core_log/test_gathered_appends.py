@@ -6,6 +6,7 @@ returns only once fsynced; a run that cannot go inline is queued in order."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,15 @@ from core_log.batch import (
 )
 from core_log.compression import Compression
 from core_log.config import LogConfig
-from core_log.errors import CorruptRecordError, RecordTooLargeError, StorageFullError
-from core_log.log import PartitionLog
-from tests.core_log.faults import ENOSPC, faulty_files
+from core_log.errors import (
+    CorruptRecordError,
+    KafkaStorageError,
+    RecordTooLargeError,
+    StorageFullError,
+)
+from core_log.log import AppendResult, PartitionLog
+from core_log.manager import Partition
+from tests.core_log.faults import EIO, ENOSPC, faulty_files
 from tests.core_log.test_manager import T0, batch, make_manager, read_values, run
 
 
@@ -201,10 +208,141 @@ def test_a_full_disk_fails_the_whole_run_and_appends_nothing(tmp_path: Path) -> 
                 *(p.append(batch(b"v%d" % i)) for i in range(10)), return_exceptions=True
             )
         assert all(isinstance(o, StorageFullError) for o in outcomes), outcomes
+        assert m.log_dir.storage_errors == 1  # one failed write, counted once for its run
         assert p.log_end_offset == 1
         r = await p.append(batch(b"after"))
         assert r.base_offset == 1
         assert dict(await read_values(p)) == {0: b"first", 1: b"after"}
+        await m.close()
+
+    run(main)
+
+
+async def durable_append(p: Partition, value: bytes) -> AppendResult:
+    """A durable append that checks, the moment it is answered, that an fsync covers it and
+    the high watermark passed it."""
+    r = await p.append(batch(value), durable=True)
+    assert p.log.recovery_point > r.last_offset
+    assert p.high_watermark > r.last_offset
+    return r
+
+
+def test_a_durable_run_is_answered_after_the_fsync_that_covers_it(tmp_path: Path) -> None:
+    """While the run's one fsync is held, no request of it is answered and the high watermark
+    stays below it; once it ends every request has its own offsets, with no wait of its own
+    (``Partition.sync``: the shield, callback and second resume each request used to pay)."""
+    syncs = 0
+    real_sync = Partition.sync
+
+    async def counting_sync(self: Partition, offset: int) -> None:
+        nonlocal syncs
+        syncs += 1
+        await real_sync(self, offset)
+
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        await p.append(batch(b"first"))
+        with faulty_files() as files:
+            files.gate = gate = threading.Event()
+            tasks = [asyncio.create_task(durable_append(p, b"d%d" % i)) for i in range(16)]
+            await asyncio.to_thread(files.wait_for_datasync)
+            assert p.log_end_offset == 17  # written as one run ...
+            assert p.high_watermark == 1 and not any(t.done() for t in tasks)  # ... not acked
+            gate.set()
+            results = await asyncio.gather(*tasks)
+            assert files.datasyncs == 1
+        assert syncs == 0
+        assert [(r.base_offset, r.last_offset) for r in results] == [(i, i) for i in range(1, 17)]
+        values = dict(await read_values(p))
+        assert [values[r.base_offset] for r in results] == [b"d%d" % i for i in range(16)]
+        await m.close()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Partition, "sync", counting_sync)
+        run(main)
+
+
+def test_a_run_written_during_an_fsync_waits_for_the_next_one(tmp_path: Path) -> None:
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        await p.append(batch(b"first"))
+        with faulty_files() as files:
+            files.gate = gate = threading.Event()
+            first = [asyncio.create_task(durable_append(p, b"a%d" % i)) for i in range(4)]
+            await asyncio.to_thread(files.wait_for_datasync)  # the first run's fsync
+            second = [asyncio.create_task(durable_append(p, b"b%d" % i)) for i in range(4)]
+            plain = asyncio.create_task(p.append(batch(b"plain")))
+            assert (await plain).base_offset == 9  # acks=1 beside it: answered, not visible
+            assert p.log_end_offset == 10 and p.high_watermark == 1
+            gate.set()
+            results = await asyncio.gather(*first, *second)
+            assert files.datasyncs == 2
+        assert [r.base_offset for r in results] == list(range(1, 9))
+        assert p.high_watermark == p.log.recovery_point == 10
+        await m.close()
+
+    run(main)
+
+
+def test_a_cancelled_waiter_leaves_the_shared_fsync_to_the_others(tmp_path: Path) -> None:
+    """A caller that goes away while the fsync runs (a closed connection) is not answered;
+    the fsync goes on, and the others of its run and a ``sync`` beside them are answered."""
+
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        await p.append(batch(b"first"))
+        with faulty_files() as files:
+            files.gate = gate = threading.Event()
+            tasks = [asyncio.create_task(durable_append(p, b"d%d" % i)) for i in range(4)]
+            await asyncio.to_thread(files.wait_for_datasync)
+            syncs = [asyncio.create_task(p.sync(p.log_end_offset)) for _ in range(2)]
+            await asyncio.sleep(0)  # both wait on the fsync in flight
+            tasks[1].cancel()
+            syncs[0].cancel()
+            gate.set()
+            outcomes = await asyncio.gather(*tasks, *syncs, return_exceptions=True)
+            assert files.datasyncs == 1
+        assert isinstance(outcomes[1], asyncio.CancelledError)
+        assert isinstance(outcomes[4], asyncio.CancelledError) and outcomes[5] is None
+        assert [r.base_offset for r in outcomes[:4] if isinstance(r, AppendResult)] == [1, 3, 4]
+        assert p.log.recovery_point == p.high_watermark == 5
+        await m.close()
+
+    run(main)
+
+
+def test_a_failed_fsync_fails_every_request_waiting_for_one(tmp_path: Path) -> None:
+    """The run the failing fsync covered and the run waiting behind it fail; what an earlier
+    fsync covered stays acknowledged, and a plain append was answered at once."""
+
+    async def main() -> None:
+        m = make_manager(tmp_path)
+        await m.start(background=False)
+        p = await m.create("t", 0)
+        acked = await asyncio.gather(*(durable_append(p, b"ok%d" % i) for i in range(4)))
+        with faulty_files() as files:
+            files.gate = gate = threading.Event()
+            files.datasync_errors = [EIO]
+            covered = [
+                asyncio.create_task(p.append(batch(b"x%d" % i), durable=True)) for i in range(4)
+            ]
+            await asyncio.to_thread(files.wait_for_datasync)
+            behind = [
+                asyncio.create_task(p.append(batch(b"y%d" % i), durable=True)) for i in range(4)
+            ]
+            plain = await p.append(batch(b"plain"))
+            gate.set()
+            outcomes = await asyncio.gather(*covered, *behind, return_exceptions=True)
+        assert all(isinstance(o, KafkaStorageError) for o in outcomes), outcomes
+        assert m.offline and m.log_dir.storage_errors == 1
+        assert [r.base_offset for r in acked] == [0, 1, 2, 3] and plain.base_offset == 8
+        assert p.log.recovery_point == 4 and p.high_watermark == 4
         await m.close()
 
     run(main)
