@@ -80,12 +80,15 @@ def test_healthz_stays_responsive_while_bombs_are_produced(
     topic = create_topic(http, "bomb-loop")
     body = bomb * 4  # four batches back to back: validated whole before anything is appended
     done = threading.Event()
+    sampled = threading.Event()  # /healthz answered 3 times while bombs were being sent
     answers: list[int] = []
 
     def send() -> None:
+        # At least 3 requests, and on until /healthz was asked 3 times meanwhile: on a fast
+        # machine 3 bombs were refused before the loop below had asked twice.
         try:
             with httpx.Client(base_url=shared_broker.url, timeout=60.0) as c:
-                for _ in range(3):
+                while len(answers) < 3 or (not sampled.is_set() and len(answers) < 200):
                     r = c.post(
                         f"/v1/topics/{topic}/partitions/0/records",
                         content=body,
@@ -104,9 +107,11 @@ def test_healthz_stays_responsive_while_bombs_are_produced(
         assert http.get("/healthz").status_code == 200
         worst = max(worst, time.monotonic() - t0)
         samples += 1
+        if samples >= 3:
+            sampled.set()
         done.wait(0.02)
     sender.join()
-    assert answers == [413, 413, 413]
+    assert len(answers) >= 3 and set(answers) == {413}, answers
     assert samples >= 3
     assert worst < 2.0, f"/healthz took {worst:.2f}s while bombs were produced"
 
