@@ -677,7 +677,7 @@ async def fetch(
     if isinstance(result, CommittedReadResult):
         position["last_stable_offset"] = result.last_stable_offset
     tail = orjson.dumps(position)
-    doc = b'{"records":[' + body + b"]," + tail[1:]
+    doc = b"".join((b'{"records":[', body, b"],", tail[1:]))  # one copy of the body, not three
     return Reply(200, doc, JSON, headers, count, len(result.data))
 
 
