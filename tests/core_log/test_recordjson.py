@@ -157,6 +157,28 @@ def orjson_accepts(raw: bytes) -> bool:
     return True
 
 
+# Timestamps drawn from a few values, so records of a batch repeat, alternate and change
+# them (the C walk copies a repeated timestamp's digits); offsets up to the largest there is.
+_few_timestamps = st.sampled_from([-1, 0, 9, 10, 99, 100, 1_700_000_000_000, 253402300799999])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(_few_timestamps, st.binary(max_size=4)), min_size=1, max_size=12),
+    st.integers(0, 2**63 - 13),
+    st.booleans(),
+)
+def test_integers_written_as_the_twin_writes_them(
+    stamped: list[tuple[int, bytes]], base_offset: int, append_time: bool
+) -> None:
+    rs = [Record(v, None, (), ts) for ts, v in stamped]
+    data = build_batch(rs, base_offset=base_offset, log_append_time=append_time)
+    got_c = encode_json(data, 0, 100, encoder=C)
+    assert got_c == encode_json(data, 0, 100, encoder=PY)
+    docs = json.loads(b"[" + got_c[0] + b"]")
+    assert [d["offset"] for d in docs] == list(range(base_offset, base_offset + len(rs)))
+
+
 def test_timestamps_log_append_time_and_create_time() -> None:
     rs = [Record(b"1", timestamp=100), Record(b"2", timestamp=250)]
     create = build_batch(rs)
