@@ -22,6 +22,10 @@
 
 #include "_recordwalk.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #define MAX_DEPTH 512
 
 
@@ -204,8 +208,21 @@ static int out_b64(out_t *o, const uint8_t *s, size_t n) {
 /* -- UTF-8 and JSON validation ------------------------------------------------------------ */
 
 /* The first position at or after i whose byte is a quote, a backslash, a control character
- * or non-ASCII: everything before it is plain string text. 8 bytes at a time. */
+ * or non-ASCII, or the start of the block of 16 (SSE2) or 8 bytes holding it: everything
+ * before it is plain string text. */
 static inline size_t plain_run(const uint8_t *s, size_t i, size_t n) {
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
+    const __m128i space = _mm_set1_epi8(0x20);
+    while (i + 16 <= n) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(s + i));
+        /* signed: below 0x20 is a control character or (negative) a non-ASCII byte */
+        __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                                   _mm_cmplt_epi8(v, space));
+        if (_mm_movemask_epi8(hit) != 0) return i;
+        i += 16;
+    }
+#endif
     const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
     while (i + 8 <= n) {
         uint64_t v;
@@ -517,6 +534,12 @@ static int walk(walk_t *w) {
         OUT(put_text_or_b64(o, "key", 3, d + r.kpos, r.klen));
         if (r.vlen < 0) {
             OUT(PUT_LIT(o, ",\"value\":null"));
+        } else if (r.vlen >= 2 && d[r.vpos] == '"' &&
+                   json_string(d + r.vpos, 0, (size_t)r.vlen) == (size_t)r.vlen) {
+            /* one JSON string and nothing else (the usual value): valid, and with no raw line
+             * break to blank (a string cannot hold one), so copied as it is */
+            OUT(PUT_LIT(o, ",\"value\":"));
+            OUT(out_put(o, d + r.vpos, (size_t)r.vlen));
         } else if (json_valid(d + r.vpos, (size_t)r.vlen)) {
             OUT(PUT_LIT(o, ",\"value\":"));
             OUT(out_put_json(o, (const char *)d + r.vpos, (size_t)r.vlen));
