@@ -20,6 +20,12 @@ its ``limit_concurrency`` then answered 503 to every request of every client. He
 * **Client certificates** (mTLS): with TLS and a client CA, the verified certificate's user
   (:func:`peer_user`) is read once per connection and put in each request's scope, where
   :mod:`api.access` takes it as the principal when the request sends no other credential.
+* **One write per answer**: uvicorn writes an answer's head and its body with two
+  ``transport.write`` calls, and uvloop sends each at once: two ``send`` syscalls, and on
+  loopback the client may wake for the head alone. :class:`HeadHeld` (the transport as each
+  request's cycle sees it) holds the head of an answer with a Content-Length until the
+  body's first bytes and sends both with one ``writelines`` (one ``writev``). The bytes on
+  the wire are the same.
 * **Connection cap** (``max_connections``, Kafka's ``max.connections``): a new connection
   past it closes the connection that has been idle longest (no request in flight); if every
   connection is busy the new one is refused at accept. A flood of idle sockets thus never
@@ -186,6 +192,55 @@ class LimitedWebSocketProtocol(_StallOnPause, WebSocketsSansIOProtocol):
         super().connection_lost(exc)
 
 
+class HeadHeld:
+    """The connection's transport as uvicorn's request cycle sees it: the head of an answer
+    with a Content-Length is held and goes out with the body's first bytes in one
+    ``writelines`` (one ``writev``). A held head goes out alone when the answer completes with
+    no body write (HEAD, an empty body) or the cycle closes the connection. Heads without a
+    Content-Length (chunked streams: SSE), ``100 Continue`` and bodies pass straight through.
+    One per connection; the protocol calls :meth:`flush` when an answer completes."""
+
+    __slots__ = ("_held", "transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self._held: bytes | None = None
+
+    def write(self, data: bytes | memoryview) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self.transport.writelines((held, data))
+        elif type(data) is bytes and data.startswith(_STATUS_LINE) and _CONTENT_LENGTH in data:
+            self._held = data
+        else:
+            self.transport.write(data)
+
+    def flush(self) -> None:
+        """Send a held head, if any."""
+        held, self._held = self._held, None
+        if held is not None:
+            self.transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+# How uvicorn writes a head: its status line, then each header lowered with ": " after. A
+# body written while nothing is held is held too only if it looks the same; it then goes out
+# with the next write or when the answer completes, in order either way (a chunked stream's
+# writes start with a hex length, never like this).
+_STATUS_LINE = b"HTTP/1.1 "
+_CONTENT_LENGTH = b"\r\ncontent-length: "
+
+
 class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
     """uvicorn's httptools protocol with a head timeout, a send timeout and the gate."""
 
@@ -209,6 +264,7 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         self._body_pending = False  # a request head is complete, its body is not
         self._body_progress = 0.0  # loop time of the last body bytes (or of the head)
         self._body_timer: TimerHandle | None = None
+        self._head_held: HeadHeld | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         admitted, victim = self.gate.admit()
@@ -219,6 +275,7 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         if victim is not None:
             victim.transport.close()
         super().connection_made(transport)
+        self._head_held = HeadHeld(transport)
         self._peer_user = peer_user(transport, self.peer_mapping)
         self.gate.idle(self)
         self._arm_head_timer()
@@ -251,6 +308,8 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         if self._peer_user is not None:  # before the app's task starts (in the super call)
             self.scope[PEER_USER_SCOPE_KEY] = self._peer_user  # type: ignore[literal-required]
         super().on_headers_complete()
+        if self.cycle is not None and self._head_held is not None:
+            self.cycle.transport = self._head_held  # type: ignore[assignment]
 
     def on_body(self, body: bytes) -> None:
         self._body_progress = self.loop.time()
@@ -262,6 +321,8 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        if self._head_held is not None:
+            self._head_held.flush()
         pipelined = bool(self.pipeline)  # the next request starts now: not idle
         super().on_response_complete()
         if self.transport.is_closing() or pipelined:

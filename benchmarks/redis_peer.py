@@ -35,7 +35,9 @@ Measurements, in ABBA rounds (:func:`benchmarks.ratios.alternate`):
    redis-py client packs every command in Python, so more connections do not help it past the
    point where this process's core is full; Logbus answers on one event loop too.
 2. **Consume** — a stream/partition of ``--records`` records (≥ 200,000) written beforehand,
-   read whole from the start in pages of 1,000 on one connection: Logbus
+   read whole from the start ``CONSUME_READS`` times per pass (one read of 200,000 took
+   ≈ 0.2 s, too short to outlast the machine's load swings), in pages of 1,000 on one
+   connection: Logbus
    ``GET …/partitions/0/records?offset=o&max_records=1000`` decoded with ``orjson.loads``
    (following ``next_offset``), Redis ``XREAD COUNT 1000 STREAMS s <last id>`` decoded by
    hiredis into redis-py's answer (a list of ``(id, {field: value})``). Records/s.
@@ -85,6 +87,7 @@ STREAM_PRODUCE = "produce"
 STREAM_CONSUME = "consume"
 TOPIC_CONSUME = "peer-consume"
 STARTUP_TIMEOUT_S = 30.0
+CONSUME_READS = 5  # whole reads of the stream per consume pass: ≈ 1 s a pass
 
 
 def redis_server_path() -> str | None:
@@ -532,18 +535,23 @@ def measure(
 
         asyncio.run(logbus_fill(port, TOPIC_CONSUME, records))
         redis_fill(rport, STREAM_CONSUME, records)
+
+        def reads(read_once: Callable[[], int]) -> Callable[[], int]:
+            return lambda: sum(read_once() for _ in range(CONSUME_READS))
+
         consumers: dict[str, Callable[[], Pass]] = {
             "logbus_page": lambda: _measured(
-                bpid, lambda: asyncio.run(logbus_consume(port, TOPIC_CONSUME, records))
+                bpid, reads(lambda: asyncio.run(logbus_consume(port, TOPIC_CONSUME, records)))
             ),
             "logbus_ahead": lambda: _measured(
-                bpid, lambda: asyncio.run(logbus_consume_ahead(port, TOPIC_CONSUME, records))
+                bpid,
+                reads(lambda: asyncio.run(logbus_consume_ahead(port, TOPIC_CONSUME, records))),
             ),
             "redis_py": lambda: _measured(
-                server.pid, lambda: redis_consume(rport, STREAM_CONSUME, records)
+                server.pid, reads(lambda: redis_consume(rport, STREAM_CONSUME, records))
             ),
             "redis_raw": lambda: _measured(
-                server.pid, lambda: redis_consume_raw(rport, STREAM_CONSUME, records)
+                server.pid, reads(lambda: redis_consume_raw(rport, STREAM_CONSUME, records))
             ),
         }
 
@@ -557,8 +565,10 @@ def measure(
             corder = list(consumers) if a_first else list(reversed(consumers))
             for key in corder:
                 got = consumers[key]()
-                if got.records != records:
-                    raise RuntimeError(f"{key} read {got.records} records of {records}")
+                if got.records != records * CONSUME_READS:
+                    raise RuntimeError(
+                        f"{key} read {got.records} records of {records} x {CONSUME_READS}"
+                    )
                 passes[f"c_{key}"].append(got)
 
         def ratio(name: str, target: float, num: str, den: str, note: str) -> Ratio:
@@ -608,7 +618,7 @@ def measure(
                 CONSUME_TARGET,
                 "c_logbus_page",
                 "c_redis_py",
-                f"one page at a time, {records:,} records",
+                f"one page at a time, {records:,} records x {CONSUME_READS}",
             ),
             ratio(
                 "JSON consume by 1,000, next page asked ahead / XREAD (redis-py)",

@@ -1,7 +1,9 @@
-"""What one small produce costs the broker's own code, without a server or a network.
+"""What one small produce, or one 1,000-record JSON fetch, costs the broker's own code,
+without a server or a network.
 
     python -m benchmarks.request_cost [--requests 6400] [--concurrency 64] [--acks 1]
     python -m benchmarks.request_cost --callgrind      # instructions per request (valgrind)
+    python -m benchmarks.request_cost --fetch [--requests 2000] [--callgrind]
 
 The whole ASGI app (:func:`api.app.create_app`: the front door, produce, the log) serves
 ``--requests`` one-record JSON produces (a 100-byte value, ``POST /v1/topics/t/records``) from
@@ -9,6 +11,11 @@ The whole ASGI app (:func:`api.app.create_app`: the front door, produce, the log
 and body as uvicorn would and waits for the answer. What a server adds (HTTP parsing, the
 socket) is left out: :mod:`benchmarks.bare_asgi` measures that side by side in
 :mod:`benchmarks.per_request`.
+
+With ``--fetch`` the app first stores ``FETCH_RECORDS`` records of a 100-byte value (1,000
+per produce, as :mod:`benchmarks.redis_peer` does), then serves ``--requests`` fetches of
+``GET /v1/topics/t/partitions/0/records?offset=…&max_records=1000`` (JSON), one after the
+other, cycling over the stored pages: the broker's side of the JSON consume row.
 
 Prints CPU µs per request (``time.process_time``), or with ``--callgrind`` the instructions
 per request: the script re-runs itself under ``valgrind --tool=callgrind`` with
@@ -35,41 +42,56 @@ BODY = b'{"records":[{"value":"' + b"v" * 98 + b'"}]}'
 WARMUP_PER_CALLER = 20
 
 
-async def serve(requests: int, concurrency: int, acks: str, instrument: bool) -> float:
-    """CPU seconds per request over the measured requests."""
-    from api.app import create_app
-    from api.settings import Settings
+FETCH_RECORDS = 50_000
+PAGE_RECORDS = 1000
+PAGE_BODY = b'{"records":[' + b",".join([b'{"value":"' + b"v" * 98 + b'"}'] * PAGE_RECORDS) + b"]}"
 
-    data = Path(tempfile.mkdtemp(prefix="request-cost-"))
-    app = create_app(Settings(data_dir=data / "data"))
-    lifespan: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    started = asyncio.Event()
 
-    async def lifespan_send(message: MutableMapping[str, Any]) -> None:
-        if message["type"] == "lifespan.startup.complete":
-            started.set()
-        elif message["type"].endswith(".failed"):
-            raise RuntimeError(message)
+class _App:
+    """The app started in this process (lifespan and all), called as uvicorn would."""
 
-    await lifespan.put({"type": "lifespan.startup"})
-    scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
-    life = asyncio.create_task(app(scope, lifespan.get, lifespan_send))
-    await started.wait()
-    assert app.state is not None
-    await app.state.broker.create_topic("t", 1)
-    query = f"acks={acks}".encode()
-    headers = [
-        (b"host", b"127.0.0.1:8080"),
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(BODY)).encode()),
-    ]
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.lifespan: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.life: asyncio.Task[None] | None = None
 
-    async def produce() -> None:
+    @classmethod
+    async def start(cls) -> _App:
+        from api.app import create_app
+        from api.settings import Settings
+
+        data = Path(tempfile.mkdtemp(prefix="request-cost-"))
+        self = cls(create_app(Settings(data_dir=data / "data")))
+        started = asyncio.Event()
+
+        async def lifespan_send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                started.set()
+            elif message["type"].endswith(".failed"):
+                raise RuntimeError(message)
+
+        await self.lifespan.put({"type": "lifespan.startup"})
+        scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
+        self.life = asyncio.create_task(self.app(scope, self.lifespan.get, lifespan_send))
+        await started.wait()
+        assert self.app.state is not None
+        await self.app.state.broker.create_topic("t", 1)
+        return self
+
+    async def stop(self) -> None:
+        await self.lifespan.put({"type": "lifespan.shutdown"})
+        assert self.life is not None
+        await self.life
+
+    async def call(
+        self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> list[MutableMapping[str, Any]]:
+        """One request; the messages the app sent."""
         answer: list[MutableMapping[str, Any]] = []
-        body = [{"type": "http.request", "body": BODY, "more_body": False}]
+        pending = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def receive() -> dict[str, Any]:
-            return body.pop() if body else {"type": "http.disconnect"}
+            return pending.pop() if pending else {"type": "http.disconnect"}
 
         async def send(message: MutableMapping[str, Any]) -> None:
             answer.append(message)
@@ -78,10 +100,10 @@ async def serve(requests: int, concurrency: int, acks: str, instrument: bool) ->
             "type": "http",
             "asgi": {"version": "3.0"},
             "http_version": "1.1",
-            "method": "POST",
+            "method": method,
             "scheme": "http",
-            "path": "/v1/topics/t/records",
-            "raw_path": b"/v1/topics/t/records",
+            "path": path,
+            "raw_path": path.encode(),
             "query_string": query,
             "root_path": "",
             "headers": headers,
@@ -89,26 +111,77 @@ async def serve(requests: int, concurrency: int, acks: str, instrument: bool) ->
             "server": ("127.0.0.1", 8080),
             "state": {},
         }
-        await app(request, receive, send)
+        await self.app(request, receive, send)
         if answer[0]["status"] != 200:
-            raise RuntimeError(f"produce answered {answer}")
+            raise RuntimeError(f"{method} {path} answered {answer}")
+        return answer
+
+
+def _produce_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"host", b"127.0.0.1:8080"),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+
+
+async def serve(requests: int, concurrency: int, acks: str, instrument: bool) -> float:
+    """CPU seconds per request over the measured requests."""
+    app = await _App.start()
+    query = f"acks={acks}".encode()
+    headers = _produce_headers(BODY)
 
     async def caller(n: int) -> None:
         for _ in range(n):
-            await produce()
+            await app.call("POST", "/v1/topics/t/records", query, headers, BODY)
 
     await asyncio.gather(*(caller(WARMUP_PER_CALLER) for _ in range(concurrency)))
+    cpu = _measure_start(instrument)
+    await asyncio.gather(*(caller(requests // concurrency) for _ in range(concurrency)))
+    cpu = _measure_end(instrument, cpu)
+    await app.stop()
+    return cpu / (requests // concurrency * concurrency)
+
+
+async def serve_fetches(requests: int, instrument: bool) -> float:
+    """CPU seconds per 1,000-record JSON fetch over the measured fetches."""
+    from api.server import tune_allocator
+
+    tune_allocator()  # as the broker does: a 174 KB answer is not a fresh mmap each time
+    app = await _App.start()
+    headers = _produce_headers(PAGE_BODY)
+    for _ in range(FETCH_RECORDS // PAGE_RECORDS):
+        await app.call("POST", "/v1/topics/t/partitions/0/records", b"acks=1", headers, PAGE_BODY)
+    pages = FETCH_RECORDS // PAGE_RECORDS
+    accept = [(b"host", b"127.0.0.1:8080"), (b"accept", b"application/json")]
+
+    async def fetches(n: int) -> None:
+        for i in range(n):
+            query = f"offset={i % pages * PAGE_RECORDS}&max_records={PAGE_RECORDS}".encode()
+            answer = await app.call("GET", "/v1/topics/t/partitions/0/records", query, accept, b"")
+            if len(answer[1]["body"]) < PAGE_RECORDS * 100:
+                raise RuntimeError(f"a short page: {answer[1]['body'][:200]!r}")
+
+    await fetches(min(pages, requests))
+    cpu = _measure_start(instrument)
+    await fetches(requests)
+    cpu = _measure_end(instrument, cpu)
+    await app.stop()
+    return cpu / requests
+
+
+def _measure_start(instrument: bool) -> float:
     if instrument:
         _callgrind("-i", "on")
-    cpu = time.process_time()
-    await asyncio.gather(*(caller(requests // concurrency) for _ in range(concurrency)))
+    return time.process_time()
+
+
+def _measure_end(instrument: bool, cpu: float) -> float:
     cpu = time.process_time() - cpu
     if instrument:
         _callgrind("-i", "off")
         _callgrind("-d", "measured")
-    await lifespan.put({"type": "lifespan.shutdown"})
-    await life
-    return cpu / (requests // concurrency * concurrency)
+    return cpu
 
 
 def _callgrind(*args: str) -> None:
@@ -132,6 +205,7 @@ def _under_callgrind(args: argparse.Namespace) -> int:
         "--acks",
         args.acks,
         "--instrumented",
+        *(["--fetch"] if args.fetch else []),
     ]
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     dumps = sorted(out.glob("callgrind.*.1"))
@@ -139,8 +213,9 @@ def _under_callgrind(args: argparse.Namespace) -> int:
         print("callgrind wrote no dump", file=sys.stderr)
         return 1
     totals = [line for line in dumps[0].read_text().splitlines() if line.startswith("totals:")]
-    measured = args.requests // args.concurrency * args.concurrency
-    print(f"{int(totals[0].split()[1]) / measured:,.0f} instructions per request ({dumps[0]})")
+    measured = args.requests if args.fetch else args.requests // args.concurrency * args.concurrency
+    what = "fetch" if args.fetch else "request"
+    print(f"{int(totals[0].split()[1]) / measured:,.0f} instructions per {what} ({dumps[0]})")
     return 0
 
 
@@ -150,10 +225,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--acks", default="1", choices=["0", "1", "all"])
     parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
+    parser.add_argument(
+        "--fetch", action="store_true", help="1,000-record JSON fetches, not small produces"
+    )
     parser.add_argument("--instrumented", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.callgrind:
         return _under_callgrind(args)
+    if args.fetch:
+        per_fetch = asyncio.run(serve_fetches(args.requests, args.instrumented))
+        print(f"{per_fetch * 1e6:.1f} µs CPU per 1,000-record JSON fetch")
+        return 0
     per_request = asyncio.run(serve(args.requests, args.concurrency, args.acks, args.instrumented))
     print(f"{per_request * 1e6:.1f} µs CPU per request ({args.concurrency} concurrent callers)")
     return 0

@@ -113,11 +113,21 @@ class PartitionReader(Protocol):
     def released(self) -> bool: ...
 
     async def read(
-        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        max_records: int | None = None,
     ) -> ReadResult: ...
 
     async def read_committed(
-        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        max_records: int | None = None,
     ) -> CommittedReadResult: ...
 
     async def wait_for(self, offset: int, timeout_s: float) -> bool: ...
@@ -306,11 +316,13 @@ class PartitionService:
         if max_bytes <= 0:
             return {"state": state}, b""
         max_offset = header.get("max_offset")
+        max_records = header.get("max_records")  # absent from brokers before it: no bound
         read = part.read_committed if header.get("isolation") == "read_committed" else part.read
         result = await read(
             int(header["offset"]),
             max_bytes,
             max_offset=None if max_offset is None else min(int(max_offset), part.high_watermark),
+            max_records=None if max_records is None else max(1, int(max_records)),
         )
         fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
         fields.pop("data")
@@ -600,15 +612,30 @@ class RemotePartition:
         self._keep(answer["state"])
 
     async def read(
-        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        max_records: int | None = None,
     ) -> ReadResult:
-        header = {"offset": offset, "max_bytes": max_bytes, "max_offset": max_offset}
+        header = {
+            "offset": offset,
+            "max_bytes": max_bytes,
+            "max_offset": max_offset,
+            "max_records": max_records,
+        }
         answer, data = await self.forwarder.call(self.topic, self.partition, READ_PATH, header)
         self._keep(answer["state"])
         return ReadResult(data=bytes(data), **answer["read"])
 
     async def read_committed(
-        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        max_records: int | None = None,
     ) -> CommittedReadResult:
         """:meth:`read` at ``read_committed``, done by the leader (it alone knows the last
         stable offset for certain), with the aborted transactions of the data."""
@@ -616,6 +643,7 @@ class RemotePartition:
             "offset": offset,
             "max_bytes": max_bytes,
             "max_offset": max_offset,
+            "max_records": max_records,
             "isolation": "read_committed",
         }
         answer, data = await self.forwarder.call(self.topic, self.partition, READ_PATH, header)
@@ -679,20 +707,34 @@ class FollowerPartition:
         await self.remote.sync()
 
     async def read(
-        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        max_records: int | None = None,
     ) -> ReadResult:
         local_hw = self.local.high_watermark
         if self.local.log_start_offset <= offset < local_hw and max_offset is None:
-            result = await self.local.read(offset, max_bytes)
+            result = await self.local.read(offset, max_bytes, max_records=max_records)
             # The leader's high watermark, when known, is the truth a reader should see.
             return dataclasses.replace(result, high_watermark=self.high_watermark)
-        return await self.remote.read(offset, max_bytes, max_offset=max_offset)
+        return await self.remote.read(
+            offset, max_bytes, max_offset=max_offset, max_records=max_records
+        )
 
     async def read_committed(
-        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        max_records: int | None = None,
     ) -> CommittedReadResult:
         # From the leader: the local replica's last stable offset may trail the leader's.
-        return await self.remote.read_committed(offset, max_bytes, max_offset=max_offset)
+        return await self.remote.read_committed(
+            offset, max_bytes, max_offset=max_offset, max_records=max_records
+        )
 
     async def wait_for(self, offset: int, timeout_s: float) -> bool:
         if self.high_watermark > offset:

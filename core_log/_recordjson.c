@@ -22,6 +22,10 @@
 
 #include "_recordwalk.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #define MAX_DEPTH 512
 
 
@@ -75,17 +79,60 @@ static int out_put_json(out_t *o, const char *src, size_t n) {
 
 #define PUT_LIT(o, s) out_put((o), (s), sizeof(s) - 1)
 
+/* "00" .. "99": an integer is written two digits per division (half the dependent divides of
+ * one digit at a time, which were a third of the walk's time on 1,000 records of 100 bytes). */
+static const char DIGIT_PAIRS[] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+/* ``v`` in decimal, ending just before ``end``; returns where it starts (at most 20 chars). */
+static char *fmt_int(char *end, int64_t v) {
+    char *q = end;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    while (u >= 100) {
+        unsigned pair = (unsigned)(u % 100);
+        u /= 100;
+        q -= 2;
+        memcpy(q, DIGIT_PAIRS + 2 * pair, 2);
+    }
+    if (u >= 10) {
+        q -= 2;
+        memcpy(q, DIGIT_PAIRS + 2 * u, 2);
+    } else {
+        *--q = (char)('0' + u);
+    }
+    if (v < 0) *--q = '-';
+    return q;
+}
+
 static int out_int(out_t *o, int64_t v) {
     char tmp[24];
     char *e = tmp + sizeof(tmp);
-    char *q = e;
-    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do {
-        *--q = (char)('0' + (u % 10));
-        u /= 10;
-    } while (u);
-    if (v < 0) *--q = '-';
+    char *q = fmt_int(e, v);
     return out_put(o, q, (size_t)(e - q));
+}
+
+/* An integer written once and copied while it repeats: the records of a batch mostly share
+ * their timestamp (one produce request's records are stamped alike; LogAppendTime stamps the
+ * whole batch). */
+typedef struct {
+    int64_t value;
+    int valid;
+    size_t len;
+    char text[24];
+} int_memo_t;
+
+static int out_int_memo(out_t *o, int_memo_t *m, int64_t v) {
+    if (!m->valid || m->value != v) {
+        char *e = m->text + sizeof(m->text);
+        char *q = fmt_int(e, v);
+        m->len = (size_t)(e - q);
+        memmove(m->text, q, m->len);
+        m->value = v;
+        m->valid = 1;
+    }
+    return out_put(o, m->text, m->len);
 }
 
 static const char HEX[] = "0123456789abcdef";
@@ -161,8 +208,21 @@ static int out_b64(out_t *o, const uint8_t *s, size_t n) {
 /* -- UTF-8 and JSON validation ------------------------------------------------------------ */
 
 /* The first position at or after i whose byte is a quote, a backslash, a control character
- * or non-ASCII: everything before it is plain string text. 8 bytes at a time. */
+ * or non-ASCII, or the start of the block of 16 (SSE2) or 8 bytes holding it: everything
+ * before it is plain string text. */
 static inline size_t plain_run(const uint8_t *s, size_t i, size_t n) {
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
+    const __m128i space = _mm_set1_epi8(0x20);
+    while (i + 16 <= n) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(s + i));
+        /* signed: below 0x20 is a control character or (negative) a non-ASCII byte */
+        __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                                   _mm_cmplt_epi8(v, space));
+        if (_mm_movemask_epi8(hit) != 0) return i;
+        i += 16;
+    }
+#endif
     const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
     while (i + 8 <= n) {
         uint64_t v;
@@ -448,6 +508,7 @@ static int walk(walk_t *w) {
     size_t pos = 0;
     out_t *o = &w->out;
     rw_batch b = {w->base_offset, w->base_timestamp, w->max_timestamp, w->log_append_time};
+    int_memo_t timestamp = {0, 0, 0, {0}};
     w->structural = 1;
     for (int i = 0; i < w->record_count; i++) {
         if (w->count >= w->max_records) return 0; /* enough: the rest is not read */
@@ -469,10 +530,16 @@ static int walk(walk_t *w) {
         OUT(PUT_LIT(o, "{\"offset\":"));
         OUT(out_int(o, r.offset));
         OUT(PUT_LIT(o, ",\"timestamp\":"));
-        OUT(out_int(o, r.timestamp));
+        OUT(out_int_memo(o, &timestamp, r.timestamp));
         OUT(put_text_or_b64(o, "key", 3, d + r.kpos, r.klen));
         if (r.vlen < 0) {
             OUT(PUT_LIT(o, ",\"value\":null"));
+        } else if (r.vlen >= 2 && d[r.vpos] == '"' &&
+                   json_string(d + r.vpos, 0, (size_t)r.vlen) == (size_t)r.vlen) {
+            /* one JSON string and nothing else (the usual value): valid, and with no raw line
+             * break to blank (a string cannot hold one), so copied as it is */
+            OUT(PUT_LIT(o, ",\"value\":"));
+            OUT(out_put(o, d + r.vpos, (size_t)r.vlen));
         } else if (json_valid(d + r.vpos, (size_t)r.vlen)) {
             OUT(PUT_LIT(o, ",\"value\":"));
             OUT(out_put_json(o, (const char *)d + r.vpos, (size_t)r.vlen));

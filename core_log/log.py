@@ -771,54 +771,79 @@ class PartitionLog:
 
     # -- read ------------------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> ReadResult:
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        max_records: int | None = None,
+    ) -> ReadResult:
         """Whole batches from the one holding ``offset``, at most ``max_bytes`` (but at least one
-        batch), never at or past ``max_offset`` (default: the high watermark).
+        batch), never at or past ``max_offset`` (default: the high watermark), and with
+        ``max_records`` none after the batch holding offset ``offset + max_records - 1`` (a
+        reader that wants that many records reads no batch it would not use).
 
         Reading at the bound returns no data; outside ``[log_start, LEO]`` raises
         :class:`OffsetOutOfRangeError` with the valid range.
         """
         with self._lock:
-            return self._read(offset, max_bytes, max_offset)
+            return self._read(offset, max_bytes, max_offset, max_records)
 
     def try_read(
-        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        max_records: int | None = None,
     ) -> ReadResult | None:
         """:meth:`read`, or None at once when another thread holds the lock (it may be
         fsyncing or swapping compacted segments in). The event loop calls this."""
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            return self._read(offset, max_bytes, max_offset)
+            return self._read(offset, max_bytes, max_offset, max_records)
         finally:
             self._lock.release()
 
     def read_committed(
-        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        max_records: int | None = None,
     ) -> CommittedReadResult:
         """:meth:`read` at ``isolation=read_committed``: never at or past the last stable offset
         (nor ``max_offset``), with the aborted transactions overlapping the data returned. The
         data still holds every batch (markers, aborted batches): the reader filters them with
         :func:`core_log.isolation.committed_batches`, as a Kafka consumer does."""
         with self._lock:
-            return self._read_committed(offset, max_bytes, max_offset)
+            return self._read_committed(offset, max_bytes, max_offset, max_records)
 
     def try_read_committed(
-        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        max_records: int | None = None,
     ) -> CommittedReadResult | None:
         """:meth:`read_committed`, or None at once when another thread holds the lock."""
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            return self._read_committed(offset, max_bytes, max_offset)
+            return self._read_committed(offset, max_bytes, max_offset, max_records)
         finally:
             self._lock.release()
 
     def _read_committed(
-        self, offset: int, max_bytes: int, max_offset: int | None
+        self, offset: int, max_bytes: int, max_offset: int | None, max_records: int | None
     ) -> CommittedReadResult:
         lso = self.last_stable_offset
-        r = self._read(offset, max_bytes, lso if max_offset is None else min(max_offset, lso))
+        upper = lso if max_offset is None else min(max_offset, lso)
+        r = self._read(offset, max_bytes, upper, max_records)
         aborted: tuple[AbortedTxn, ...] = ()
         if r.data:
             aborted = tuple(self.aborted_transactions(r.first_offset, r.next_offset))
@@ -841,13 +866,19 @@ class PartitionLog:
             i = self._segment_index(start)
             return collect_aborted((s.txn_index for s in self._segments[i:]), start, upper)
 
-    def _read(self, offset: int, max_bytes: int, max_offset: int | None) -> ReadResult:
+    def _read(
+        self, offset: int, max_bytes: int, max_offset: int | None, max_records: int | None = None
+    ) -> ReadResult:
         max_bytes = max(1, min(max_bytes, MAX_FETCH_BYTES))
         self._check_open()
         lso, hw, leo = self._log_start_offset, self._high_watermark, self.log_end_offset
         upper = hw if max_offset is None else min(max_offset, leo)
         if offset < lso or offset > leo:
             raise OffsetOutOfRangeError(offset, lso, leo)
+        # The last offset a reader of max_records uses, unless the upper bound cuts first.
+        last = None
+        if max_records is not None and offset + max_records < upper:
+            last = offset + max_records - 1
         i = self._segment_index(offset)
         while offset < upper and i < len(self._segments):
             segment = self._segments[i]
@@ -855,7 +886,7 @@ class PartitionLog:
             if upper < segment.next_offset:
                 found = segment.find_batch(upper)
                 end_position = found[0] if found is not None else segment.size
-            s = segment.slice(offset, max_bytes, end_position)
+            s = segment.slice(offset, max_bytes, end_position, last)
             if s is not None:
                 data = segment.read_bytes(s.position, s.size)
                 return ReadResult(data, s.first_offset, s.next_offset, hw, lso, leo)

@@ -621,19 +621,28 @@ class Partition:
         max_bytes: int,
         *,
         max_offset: int | None = None,
+        max_records: int | None = None,
         inline_max_bytes: int = OFF_LOOP_IO_BYTES - 1,
     ) -> ReadResult:
-        """Reads of at most ``inline_max_bytes`` run inline unless the lock is busy; larger ones
-        in the reads pool. A caller raises the bound for reads it knows to be in the page cache
-        (a follower fetching what was appended since its previous fetch)."""
+        """:meth:`PartitionLog.read`: reads of at most ``inline_max_bytes`` run inline unless
+        the lock is busy; larger ones in the reads pool. A caller raises the bound for reads it
+        knows to be in the page cache (a follower fetching what was appended since its
+        previous fetch)."""
         self.log_dir.check()
         try:
             if max_bytes <= inline_max_bytes:
-                result = self.log.try_read(offset, max_bytes, max_offset=max_offset)
+                result = self.log.try_read(
+                    offset, max_bytes, max_offset=max_offset, max_records=max_records
+                )
                 if result is not None:
                     return result
             return await executors.run(
-                self.pools.reads, self.log.read, offset, max_bytes, max_offset=max_offset
+                self.pools.reads,
+                self.log.read,
+                offset,
+                max_bytes,
+                max_offset=max_offset,
+                max_records=max_records,
             )
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e
@@ -644,6 +653,7 @@ class Partition:
         max_bytes: int,
         *,
         max_offset: int | None = None,
+        max_records: int | None = None,
         inline_max_bytes: int = OFF_LOOP_IO_BYTES - 1,
     ) -> CommittedReadResult:
         """:meth:`read` at ``read_committed`` (:meth:`PartitionLog.read_committed`): never at
@@ -651,11 +661,18 @@ class Partition:
         self.log_dir.check()
         try:
             if max_bytes <= inline_max_bytes:
-                result = self.log.try_read_committed(offset, max_bytes, max_offset=max_offset)
+                result = self.log.try_read_committed(
+                    offset, max_bytes, max_offset=max_offset, max_records=max_records
+                )
                 if result is not None:
                     return result
             return await executors.run(
-                self.pools.reads, self.log.read_committed, offset, max_bytes, max_offset=max_offset
+                self.pools.reads,
+                self.log.read_committed,
+                offset,
+                max_bytes,
+                max_offset=max_offset,
+                max_records=max_records,
             )
         except (KafkaStorageError, OSError) as e:
             raise self._storage_failure(e) from e

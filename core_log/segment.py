@@ -248,6 +248,18 @@ class LogSegment:
                 position += h.size_bytes
         return None
 
+    def end_of(self, offset: int) -> tuple[int, int]:
+        """Where the batches up to the one holding ``offset`` end: the position just past it
+        and the offset after it (past the last batch before ``offset`` where a compaction gap
+        holds it; the segment's end where no batch here goes beyond it)."""
+        found = self.find_batch(offset + 1)
+        if found is None:
+            return self.size, self.next_offset
+        position, h = found
+        if h.base_offset <= offset:
+            return position + h.size_bytes, h.next_offset
+        return position, h.base_offset
+
     def batch_headers(self, from_offset: int) -> list[BatchHeader]:
         """Headers of the batches from the one holding ``from_offset`` to the end."""
         return [h for _, h in self.batch_positions(from_offset)]
@@ -268,9 +280,12 @@ class LogSegment:
                 position += h.size_bytes
         return out
 
-    def slice(self, offset: int, max_bytes: int, end_position: int) -> FetchSlice | None:
-        """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at least one
-        batch) and never past ``end_position``. None when nothing at ``offset`` is readable."""
+    def slice(
+        self, offset: int, max_bytes: int, end_position: int, last_offset: int | None = None
+    ) -> FetchSlice | None:
+        """Whole batches from the one holding ``offset``, up to ``max_bytes`` and, with
+        ``last_offset``, none after the batch holding it (at least one batch either way), never
+        past ``end_position``. None when nothing at ``offset`` is readable."""
         found = self.find_batch(offset, end_position)
         if found is None:
             return None
@@ -278,6 +293,13 @@ class LogSegment:
         if start + first.size_bytes > end_position:
             return None
         limit = min(end_position, start + max_bytes)
+        if last_offset is not None:  # the batches wanted end here, unless a bound above cuts
+            if first.last_offset >= last_offset:
+                end, next_offset = start + first.size_bytes, first.next_offset
+            else:
+                end, next_offset = self.end_of(last_offset)
+            if end <= limit:
+                return FetchSlice(start, end - start, first.base_offset, next_offset)
         if limit >= end_position:
             end, next_offset = self._walk_to(start, end_position)
         else:

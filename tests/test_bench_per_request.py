@@ -32,6 +32,12 @@ def test_request_cost_serves_produces_in_process(capsys: pytest.CaptureFixture[s
     assert "µs CPU per request (16 concurrent callers)" in capsys.readouterr().out
 
 
+def test_request_cost_serves_json_fetches_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every measured fetch answers a full page (a short one raises)."""
+    assert request_cost.main(["--fetch", "--requests", "60"]) == 0
+    assert "µs CPU per 1,000-record JSON fetch" in capsys.readouterr().out
+
+
 def test_an_unknown_part_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as e:
         per_request.main(["--only", "nothing", "--data-dir", str(tmp_path)])

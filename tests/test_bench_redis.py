@@ -17,6 +17,7 @@ pytest.importorskip("redis", reason="redis-py not installed (pip install -e '.[b
 pytest.importorskip("hiredis", reason="hiredis not installed (pip install -e '.[bench]')")
 
 from benchmarks.redis_peer import (
+    CONSUME_READS,
     CONSUME_TARGET,
     PRODUCE_TARGET,
     main,
@@ -45,6 +46,7 @@ def test_tiny_run_reports_every_ratio(tmp_path: Path) -> None:
             assert len(passes) == 2
             assert all(p["records"] > 0 and p["records"] % 1000 == 0 for p in passes)
     consume = ratios[3]["detail"]
-    assert [p["records"] for p in consume["logbus"] + consume["redis"]] == [3000] * 4
+    read = 3000 * CONSUME_READS  # each pass reads the whole stream CONSUME_READS times
+    assert [p["records"] for p in consume["logbus"] + consume["redis"]] == [read] * 4
     tried = ratios[0]["detail"]["concurrency_tried"]
     assert set(tried["logbus"]) == set(tried["redis"]) == {"2"}  # the one candidate given

@@ -158,6 +158,29 @@ def test_reads_from_any_broker_see_acknowledged_writes_at_once(
         )
 
 
+def test_a_page_of_max_records_reads_alike_from_every_broker(
+    cluster: tuple[str, dict[int, str]],
+) -> None:
+    """A JSON page bounded by max_records (the log reads up to the batch holding its last
+    record: locally, or by the leader for a broker without the records) answers the same
+    records and next offset from the leader, a follower and a broker without a replica."""
+    url, urls = cluster
+    leader, follower, outsider = _roles(url, urls, 1)
+    start = _fetch(leader, 1, 0).json()["high_watermark"]
+    for k in range(4):  # four batches of five records
+        r = _produce(leader, 1, [f"b{k}r{i}" for i in range(5)])
+        assert r.status_code == 200, r.text
+    values = [f"b{k}r{i}" for k in range(4) for i in range(5)]
+    for offset, wanted in ((start, 7), (start + 3, 5), (start + 5, 10), (start + 19, 3)):
+        pages = [
+            _fetch(b, 1, offset, max_records=wanted).json() for b in (leader, follower, outsider)
+        ]
+        want = values[offset - start : offset - start + wanted]
+        for page in pages:
+            assert [rec["value"] for rec in page["records"]] == want, (offset, wanted)
+            assert page["next_offset"] == offset + len(want)
+
+
 def test_long_poll_through_a_broker_without_a_replica_wakes_on_a_write(
     cluster: tuple[str, dict[int, str]],
 ) -> None:

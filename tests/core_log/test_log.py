@@ -501,8 +501,12 @@ class LogMachine(RuleBasedStateMachine):
         leo, hw = self.leo, self.hw
         log = self.log
 
-        def expected_run(offset: int, max_bytes: int, upper: int) -> list[int]:
+        def expected_run(
+            offset: int, max_bytes: int, upper: int, max_records: int | None = None
+        ) -> list[int]:
             max_bytes = max(1, min(max_bytes, MAX_FETCH_BYTES))
+            # with max_records: no batch after the one holding the last offset wanted
+            last_wanted = leo if max_records is None else offset + max_records - 1
             if offset >= upper:
                 return []
             i = bisect.bisect_left(lasts, offset)
@@ -515,17 +519,20 @@ class LogMachine(RuleBasedStateMachine):
                 and seg_of[j] == seg_of[i]
                 and batches[j].last < upper
                 and total + batches[j].size <= max_bytes
+                and batches[j].base <= last_wanted
             ):
                 run.append(j)
                 total += batches[j].size
                 j += 1
             return run
 
-        def check_read(offset: int, max_bytes: int, max_offset: int | None) -> None:
+        def check_read(
+            offset: int, max_bytes: int, max_offset: int | None, max_records: int | None = None
+        ) -> None:
             upper = hw if max_offset is None else min(max_offset, leo)
-            res = log.read(offset, max_bytes, max_offset=max_offset)
+            res = log.read(offset, max_bytes, max_offset=max_offset, max_records=max_records)
             assert (res.high_watermark, res.log_start_offset, res.log_end_offset) == (hw, 0, leo)
-            run = expected_run(offset, max_bytes, upper)
+            run = expected_run(offset, max_bytes, upper, max_records)
             if not run:
                 assert (res.data, res.first_offset, res.next_offset) == (b"", offset, offset)
                 return
@@ -552,6 +559,13 @@ class LogMachine(RuleBasedStateMachine):
                 check_read(offset, rng.choice(sizes), leo)
             if rng.random() < 0.1:
                 check_read(offset, rng.choice(sizes), rng.randint(0, leo + 3))
+            if rng.random() < 0.5:
+                wanted = rng.choice([1, 2, 5, 17, 100, 10**6])
+                ends = [b.last for b in batches if b.last >= offset]
+                if ends and rng.random() < 0.5:  # up to a batch's end: the next one is out
+                    wanted = rng.choice(ends) - offset + 1 + rng.choice([0, 0, 1])
+                max_offset = rng.choice([None, None, leo, rng.randint(0, leo + 3)])
+                check_read(offset, rng.choice(sizes), max_offset, wanted)
 
         # (a) iterate with next_offset: every record below the high watermark, once, in order
         for max_bytes in (1, 2500, 1 << 20):
@@ -661,6 +675,24 @@ def test_read_returns_whole_batches_within_max_bytes_but_at_least_one(tmp_path: 
     assert batch_spans(res.data) == [(3, 6), (7, 11)]
     assert (res.first_offset, res.next_offset) == (3, 12)
     assert log.read(4, 10**12).data == res.data  # max_bytes is capped, not an error
+    log.close()
+
+
+def test_reads_stop_after_the_batch_holding_the_last_record_wanted(tmp_path: Path) -> None:
+    log = open_log(tmp_path / "p")
+    for _ in range(4):
+        log.append(batch([Record(b"v")] * 5))  # [0,4] [5,9] [10,14] [15,19]
+    log.set_high_watermark(20)
+    assert batch_spans(log.read(0, 1 << 20, max_records=5).data) == [(0, 4)]
+    assert batch_spans(log.read(0, 1 << 20, max_records=6).data) == [(0, 4), (5, 9)]
+    assert batch_spans(log.read(0, 1 << 20, max_records=10).data) == [(0, 4), (5, 9)]
+    res = log.read(3, 1 << 20, max_records=8)  # 3..10: the batch holding 10 too
+    assert batch_spans(res.data) == [(0, 4), (5, 9), (10, 14)]
+    assert res.next_offset == 15
+    assert batch_spans(log.read(3, 1, max_records=100).data) == [(0, 4)]  # max_bytes first
+    assert log.read(0, 1 << 20, max_records=10**6).data == log.read(0, 1 << 20).data
+    committed = log.read_committed(6, 1 << 20, max_records=1)
+    assert batch_spans(committed.data) == [(5, 9)]
     log.close()
 
 

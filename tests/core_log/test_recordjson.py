@@ -157,6 +157,58 @@ def orjson_accepts(raw: bytes) -> bool:
     return True
 
 
+# Timestamps drawn from a few values, so records of a batch repeat, alternate and change
+# them (the C walk copies a repeated timestamp's digits); offsets up to the largest there is.
+_few_timestamps = st.sampled_from([-1, 0, 9, 10, 99, 100, 1_700_000_000_000, 253402300799999])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(_few_timestamps, st.binary(max_size=4)), min_size=1, max_size=12),
+    st.integers(0, 2**63 - 13),
+    st.booleans(),
+)
+def test_integers_written_as_the_twin_writes_them(
+    stamped: list[tuple[int, bytes]], base_offset: int, append_time: bool
+) -> None:
+    rs = [Record(v, None, (), ts) for ts, v in stamped]
+    data = build_batch(rs, base_offset=base_offset, log_append_time=append_time)
+    got_c = encode_json(data, 0, 100, encoder=C)
+    assert got_c == encode_json(data, 0, 100, encoder=PY)
+    docs = json.loads(b"[" + got_c[0] + b"]")
+    assert [d["offset"] for d in docs] == list(range(base_offset, base_offset + len(rs)))
+
+
+# String values whose odd byte (quote, backslash, control, non-ASCII, invalid UTF-8, an
+# escape) falls anywhere around the C scan's 16- and 8-byte blocks, with or without
+# whitespace around them or text after them.
+_odd = st.sampled_from(
+    [
+        *(b'"', b"\\", b"\x01", b"\x1f", b"\n", b"\xc3\xa9", b"\xff", b"\x7f"),
+        *(b"\\n", b"\\u00e9", b"\\q", b"\\u12", b"\\ud800", b"\xed\xa0\x80"),
+    ]
+)
+string_values = st.builds(
+    lambda head, odd, tail, before, after: (
+        before + b'"' + b"a" * head + odd + b"b" * tail + b'"' + after
+    ),
+    st.integers(0, 40),
+    _odd,
+    st.integers(0, 40),
+    st.sampled_from([b"", b" ", b"\n"]),
+    st.sampled_from([b"", b" ", b"\r\n", b',"x"']),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(string_values, min_size=1, max_size=6))
+def test_string_values_render_as_the_twin_renders_them(raws: list[bytes]) -> None:
+    data = build_batch([Record(v) for v in raws], base_offset=3)
+    assert encode_json(data, 0, 100, encoder=C) == encode_json(data, 0, 100, encoder=PY)
+    for raw in raws:
+        assert recordjson.is_json(raw) == is_json_py(raw), raw
+
+
 def test_timestamps_log_append_time_and_create_time() -> None:
     rs = [Record(b"1", timestamp=100), Record(b"2", timestamp=250)]
     create = build_batch(rs)
