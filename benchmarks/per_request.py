@@ -63,12 +63,16 @@ PARTS = ("small", "latency", "redis", "push", "cluster")
 
 
 @contextmanager
-def bare_app(workdir: Path) -> Iterator[tuple[str, int]]:
-    """The bare ASGI app as a child process: (url, pid)."""
+def bare_app(workdir: Path, broker_protocol: bool = False) -> Iterator[tuple[str, int]]:
+    """The bare ASGI app as a child process: (url, pid). ``broker_protocol``: served with the
+    broker's HTTP protocol (:mod:`api.connections`: its timeouts and one write per answer)
+    instead of uvicorn's own."""
     port = free_port()
-    log = open(workdir / "bare-asgi.log", "wb")  # noqa: SIM115 - handed to the child
+    name = "bare-asgi-proto.log" if broker_protocol else "bare-asgi.log"
+    log = open(workdir / name, "wb")  # noqa: SIM115 - handed to the child
+    extra = ["--broker-protocol"] if broker_protocol else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.bare_asgi", "--port", str(port)],
+        [sys.executable, "-m", "benchmarks.bare_asgi", "--port", str(port), *extra],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -123,6 +127,7 @@ def measure_small(rounds: int, seconds: float, workdir: Path) -> list[Ratio]:
     cpus: dict[str, list[float]] = {}
     with (
         bare_app(workdir) as (bare_url, bare_pid),
+        bare_app(workdir, broker_protocol=True) as (proto_url, proto_pid),
         running(plain.process, secured.process),
     ):
         for b in (plain, secured):
@@ -142,21 +147,25 @@ def measure_small(rounds: int, seconds: float, workdir: Path) -> list[Ratio]:
 
             return run
 
-        def bare(s: float) -> tuple[float, float]:
-            cpu0 = cpu_seconds(bare_pid)
-            r = run_wrk(
-                bare_url + "/",
-                workdir,
-                seconds=s,
-                connections=SMALL_CONNECTIONS,
-                method="POST",
-                body=small.body,
-            )
-            cpu = cpu_seconds(bare_pid) - cpu0
-            return r.requests_per_s, cpu / max(r.requests_per_s * max(1, round(s)), 1) * 1e6
+        def bare_at(url: str, pid: int) -> Callable[[float], tuple[float, float]]:
+            def bare(s: float) -> tuple[float, float]:
+                cpu0 = cpu_seconds(pid)
+                r = run_wrk(
+                    url + "/",
+                    workdir,
+                    seconds=s,
+                    connections=SMALL_CONNECTIONS,
+                    method="POST",
+                    body=small.body,
+                )
+                cpu = cpu_seconds(pid) - cpu0
+                return r.requests_per_s, cpu / max(r.requests_per_s * max(1, round(s)), 1) * 1e6
+
+            return bare
 
         sides: dict[str, Callable[[float], tuple[float, float]]] = {
-            "bare": bare,
+            "bare": bare_at(bare_url, bare_pid),
+            "bare_proto": bare_at(proto_url, proto_pid),
             "acks1": logbus(plain, "1"),
             "acks_all": logbus(plain, "all"),
             "auth_quota": logbus(secured, "1"),
@@ -202,6 +211,13 @@ def measure_small(rounds: int, seconds: float, workdir: Path) -> list[Ratio]:
             "bare",
             SMALL_TARGET,
             cpu_note("acks1", "bare"),
+        ),
+        ratio(
+            "1 record/request, 64 conns: acks=1 / bare, broker's protocol (extra)",
+            "acks1",
+            "bare_proto",
+            SMALL_TARGET,
+            cpu_note("acks1", "bare_proto"),
         ),
         ratio(
             "1 record/request, 64 conns: acks=all / acks=1",
