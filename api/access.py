@@ -13,7 +13,10 @@ operation for the matching request type). A route missing from the table fails
 upgrade, after the browser checks and before anything else (the fast path, the proxy,
 FastAPI): it authenticates (:meth:`api.security.Security.authenticate`), finds the rule (a
 dict lookup by method and segment count, then a comparison of the literal segments of the 1-5
-templates of that shape) and decides with the ACLs — a few dict lookups in all. The identity
+templates of that shape) and decides with the ACLs — a few dict lookups in all. A repeat of a
+request admitted since the last security snapshot is decided without a coroutine
+(:meth:`Access.admit`, one lookup); everything else, and every refusal, goes through
+:meth:`Access.check`. The identity
 is left in the scope (``scope["logbus.identity"]``) for the routes that filter listings or
 check names found in a body (``body`` in the rule says which).
 

@@ -862,7 +862,18 @@ class QuotaSensors:
                 quota = meter.policy_quota
                 left_units = quota if left >= quota else 0 if left <= 0 else int(left)
         sensor = time_sensor
-        if sensor is not None:
+        if (
+            sensor is not None
+            and now_ms < sensor.quiet_until
+            and percent < sensor.room
+            and meter.time_limit == sensor.limit
+        ):  # the time sensor alone is quiet (a young byte sensor): its value only
+            head = sensor.rate.head
+            assert head is not None
+            head.value += percent
+            head.last_ms = now_ms
+            sensor.room -= percent
+        elif sensor is not None:
             rate = sensor.rate
             head = rate.head
             limit = meter.time_limit
@@ -894,8 +905,7 @@ class QuotaSensors:
             if now_ms - sensor.used_ms >= LRU_REFRESH_MS:
                 self._sensors.move_to_end(meter.time_key)
                 sensor.used_ms = now_ms
-            # Quiet only if the byte sensor is too (else the full path runs anyway).
-            if quiet_from is not None and (byte_sensor is None or now_ms < byte_sensor.quiet_until):
+            if quiet_from is not None:
                 room = limit * window_ms / 1000 - used - 1.0
                 if room > 0:
                     sensor.room = room
