@@ -13,7 +13,10 @@ operation for the matching request type). A route missing from the table fails
 upgrade, after the browser checks and before anything else (the fast path, the proxy,
 FastAPI): it authenticates (:meth:`api.security.Security.authenticate`), finds the rule (a
 dict lookup by method and segment count, then a comparison of the literal segments of the 1-5
-templates of that shape) and decides with the ACLs — a few dict lookups in all. The identity
+templates of that shape) and decides with the ACLs — a few dict lookups in all. A repeat of a
+request admitted since the last security snapshot is decided without a coroutine
+(:meth:`Access.admit`, one lookup); everything else, and every refusal, goes through
+:meth:`Access.check`. The identity
 is left in the scope (``scope["logbus.identity"]``) for the routes that filter listings or
 check names found in a body (``body`` in the rule says which).
 
@@ -73,6 +76,8 @@ _CREDENTIAL = CREDENTIAL_HEADER.encode()
 _PRINCIPAL = PRINCIPAL_HEADER.encode()
 _PRINCIPAL_TOPICS = PRINCIPAL_TOPICS_HEADER.encode()
 _BROKER_ONLY: Final = frozenset({_PRINCIPAL, _PRINCIPAL_TOPICS, b"logbus-forwarded-by"})
+# What only a broker sends: a request carrying any of these is decided by Access.check.
+_FROM_A_BROKER: Final = _BROKER_ONLY | {_CREDENTIAL}
 
 
 class Kind(enum.Enum):
@@ -260,6 +265,8 @@ UNMATCHED = AUTHENTICATED
 
 
 _Entry = tuple[tuple[str | None, ...], tuple[str | None, ...], Rule]  # literals, params, rule
+# A request's rule, its path parameters and the resource it names (None: no RESOURCE rule).
+_Match = tuple[Rule, dict[str, str], Resource | None]
 
 
 def _compile() -> dict[tuple[str, int], list[_Entry]]:
@@ -275,17 +282,26 @@ def _compile() -> dict[tuple[str, int], list[_Entry]]:
 _INDEX = _compile()
 
 
-_MATCHED: dict[tuple[str, str], tuple[Rule, dict[str, str]]] = {}
+_MATCHED: dict[tuple[str, str], _Match] = {}
 MATCH_CACHE_ENTRIES = 4096  # distinct (method, path) remembered; clients repeat theirs
 
 
 def match(method: str, path: str) -> tuple[Rule, dict[str, str]]:
     """The rule of a request and its path parameters (:data:`UNMATCHED` if none); a
     remembered answer for a path seen before (the returned dict must not be changed)."""
+    rule, params, _ = _matched(method, path)
+    return rule, params
+
+
+def _matched(method: str, path: str) -> _Match:
+    """:func:`match` and the resource the rule names, remembered with it (a request's
+    resource is built once per path, not once per request)."""
     key = (method, path)
     hit = _MATCHED.get(key)
     if hit is None:
-        hit = _match(method, path)
+        rule, params = _match(method, path)
+        resource = rule.resource(params) if rule.kind is Kind.RESOURCE else None
+        hit = (rule, params, resource)
         if len(_MATCHED) >= MATCH_CACHE_ENTRIES:
             _MATCHED.clear()
         _MATCHED[key] = hit
@@ -354,6 +370,48 @@ class Access:
         self.enabled = enabled
         self.security: Security | None = None
 
+    def admit(self, scope: Scope) -> bool:
+        """The common request decided without a coroutine: HTTP, an ``Authorization`` value
+        verified since the last security snapshot (:meth:`Security.known`), no header only a
+        broker sends, and a rule the principal passes (the ACL decision remembered until the
+        next snapshot). True: admitted, its identity in the scope, exactly as :meth:`check`
+        would leave it. False: not decided here, :meth:`check` decides (a first sight, any
+        other credential, a denial: each answered and counted there, as before). Revocation
+        is as prompt as in :meth:`check`: both read the same caches, which every snapshot
+        empties."""
+        security = self.security
+        if security is None or scope["type"] != "http":
+            return False
+        raw: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                raw = value
+            elif name in _FROM_A_BROKER:
+                return False
+        method: str = scope["method"]
+        path: str = scope["path"]
+        if not raw:
+            return _matched(method, path)[0].kind is Kind.PUBLIC
+        authorization = raw.decode("latin-1")
+        identity = security.admitted(authorization, method, path)
+        if identity is None:
+            rule, _, resource = _matched(method, path)
+            if rule.kind is Kind.PUBLIC:
+                return True
+            known = security.known(authorization)
+            if known is None:
+                return False
+            identity = known[0]
+            if identity.topics is not None:  # a scoped token: check() decides
+                return False
+            if resource is not None:
+                assert rule.operation is not None
+                if not security.allowed(identity, rule.operation, resource):
+                    return False
+            security.admit_again(authorization, method, path, identity, known[1])
+        scope[IDENTITY_KEY] = identity
+        return True
+
     async def check(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """True: go on (the identity is in the scope). False: refused, the answer was sent."""
         if not self.enabled:
@@ -361,7 +419,7 @@ class Access:
         security = self.security
         kind = scope["type"]
         method = "WEBSOCKET" if kind == "websocket" else scope["method"]
-        rule, params = match(method, scope["path"])
+        rule, _, resource = _matched(method, scope["path"])
         if rule.kind is Kind.PUBLIC:
             return True
         if security is None:
@@ -375,9 +433,8 @@ class Access:
             await _refuse(scope, receive, send, e, 401, CLOSE_UNAUTHENTICATED)
             return False
         scope[IDENTITY_KEY] = identity
-        if rule.kind is Kind.AUTHENTICATED:
+        if rule.kind is Kind.AUTHENTICATED or resource is None:
             return True
-        resource = rule.resource(params)
         assert rule.operation is not None
         if security.allowed(identity, rule.operation, resource):
             return True
@@ -394,20 +451,23 @@ class Access:
         credential: bytes | None = None
         principal: bytes | None = None
         topics: bytes | None = None
+        broker_only = False
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
-            elif name == _CREDENTIAL:
-                credential = value
-            elif name == _PRINCIPAL:
-                principal = value
-            elif name == _PRINCIPAL_TOPICS:
-                topics = value
+            elif name in _FROM_A_BROKER:
+                broker_only = True
+                if name == _CREDENTIAL:
+                    credential = value
+                elif name == _PRINCIPAL:
+                    principal = value
+                elif name == _PRINCIPAL_TOPICS:
+                    topics = value
         if credential is not None:
             return _forwarded(security, credential, principal, topics)
         # Only a broker may say on whose behalf it asks, or that it forwards a request (which
         # the quota gate then does not measure again: api.quota_gate.serve).
-        if any(k in _BROKER_ONLY for k, _ in scope["headers"]):  # rare: copy only then
+        if broker_only:  # rare: copy only then
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k not in _BROKER_ONLY]
         query_token = None
         if not authorization and method in ("GET", "WEBSOCKET"):

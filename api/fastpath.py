@@ -69,7 +69,12 @@ class FastPath:
                 return
             if verdict.headers:
                 send = guard.with_headers(send, verdict.headers)
-        if served and self.access.enabled and not await self.access.check(scope, receive, send):
+        if (
+            served
+            and self.access.enabled
+            and not self.access.admit(scope)
+            and not await self.access.check(scope, receive, send)
+        ):
             return
         route = _route_header(scope)
         if route not in ROUTES:

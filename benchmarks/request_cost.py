@@ -4,9 +4,10 @@ without a server or a network.
     python -m benchmarks.request_cost [--requests 6400] [--concurrency 64] [--acks 1]
     python -m benchmarks.request_cost --callgrind      # instructions per request (valgrind)
     python -m benchmarks.request_cost --fetch [--requests 2000] [--callgrind]
+    python -m benchmarks.request_cost --callgrind --auth quota   # the secured broker
 
 The whole ASGI app (:func:`api.app.create_app`: the front door, produce, the log) serves
-``--requests`` one-record JSON produces (a 100-byte value, ``POST /v1/topics/t/records``) from
+``--requests`` one-record JSON produces (a 100-byte value, ``POST /v1/topics/{TOPIC}/records``) from
 ``--concurrency`` concurrent callers in this process: each caller hands the app an ASGI scope
 and body as uvicorn would and waits for the answer. What a server adds (HTTP parsing, the
 socket) is left out: :mod:`benchmarks.bare_asgi` measures that side by side in
@@ -14,7 +15,7 @@ socket) is left out: :mod:`benchmarks.bare_asgi` measures that side by side in
 
 With ``--fetch`` the app first stores ``FETCH_RECORDS`` records of a 100-byte value (1,000
 per produce, as :mod:`benchmarks.redis_peer` does), then serves ``--requests`` fetches of
-``GET /v1/topics/t/partitions/0/records?offset=…&max_records=1000`` (JSON), one after the
+``GET /v1/topics/{TOPIC}/partitions/0/records?offset=…&max_records=1000`` (JSON), one after the
 other, cycling over the stored pages: the broker's side of the JSON consume row.
 
 Prints CPU µs per request (``time.process_time``), or with ``--callgrind`` the instructions
@@ -23,6 +24,14 @@ instrumentation off and switches it on (``callgrind_control``) only around the m
 requests. Instruction counts do not move with the machine's load, so they compare two
 versions of the code where throughput on a shared 2-core VM cannot (±20 % between runs).
 Under callgrind a run of 3,200 requests takes ≈ 3 minutes.
+
+``--auth``: ``none`` (the default), ``ignored`` (the same broker, every request carrying the
+``Authorization`` and ``Logbus-Client-Id`` headers of the secured one) or ``quota``: the
+``auth_quota`` broker of :mod:`benchmarks.per_request` — authentication on, the user
+``bench`` with its API key and the 100 ACLs of :mod:`benchmarks.auth`, and a quota for
+(``bench``, ``bench-client``) that never throttles. ``quota`` against ``ignored`` is what
+authentication, the ACL decision and the quota cost the app per request (uvicorn's share of
+the extra response fields is not in it: :mod:`benchmarks.auth_callgrind` counts the server).
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ BODY = b'{"records":[{"value":"' + b"v" * 98 + b'"}]}'
 WARMUP_PER_CALLER = 20
 
 
+TOPIC = "auth-bench-t"  # benchmarks.auth.TOPIC_PREFIX: the user ``bench`` may write it
+PAGE_PATH = f"/v1/topics/{TOPIC}/partitions/0/records"
 FETCH_RECORDS = 50_000
 PAGE_RECORDS = 1000
 PAGE_BODY = b'{"records":[' + b",".join([b'{"value":"' + b"v" * 98 + b'"}'] * PAGE_RECORDS) + b"]}"
@@ -56,12 +67,16 @@ class _App:
         self.life: asyncio.Task[None] | None = None
 
     @classmethod
-    async def start(cls) -> _App:
+    async def start(cls, admin_key: str | None = None) -> _App:
+        """``admin_key``: authentication on, with that bootstrap key."""
         from api.app import create_app
         from api.settings import Settings
 
         data = Path(tempfile.mkdtemp(prefix="request-cost-"))
-        self = cls(create_app(Settings(data_dir=data / "data")))
+        settings = Settings(
+            data_dir=data / "data", auth=admin_key is not None, bootstrap_key=admin_key
+        )
+        self = cls(create_app(settings))
         started = asyncio.Event()
 
         async def lifespan_send(message: MutableMapping[str, Any]) -> None:
@@ -75,7 +90,7 @@ class _App:
         self.life = asyncio.create_task(self.app(scope, self.lifespan.get, lifespan_send))
         await started.wait()
         assert self.app.state is not None
-        await self.app.state.broker.create_topic("t", 1)
+        await self.app.state.broker.create_topic(TOPIC, 1)
         return self
 
     async def stop(self) -> None:
@@ -84,9 +99,15 @@ class _App:
         await self.life
 
     async def call(
-        self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+        self,
+        method: str,
+        path: str,
+        query: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        ok: bool = True,
     ) -> list[MutableMapping[str, Any]]:
-        """One request; the messages the app sent."""
+        """One request; the messages the app sent (``ok``: raise unless it answered 200)."""
         answer: list[MutableMapping[str, Any]] = []
         pending = [{"type": "http.request", "body": body, "more_body": False}]
 
@@ -112,9 +133,37 @@ class _App:
             "state": {},
         }
         await self.app(request, receive, send)
-        if answer[0]["status"] != 200:
+        if ok and answer[0]["status"] != 200:
             raise RuntimeError(f"{method} {path} answered {answer}")
         return answer
+
+
+async def _secure(app: _App, admin_key: str) -> str:
+    """The user ``bench``, its ACLs and its quota (as :mod:`benchmarks.per_request` sets them
+    up): the user's API key."""
+    import orjson
+
+    from benchmarks import auth as bench_auth
+
+    admin = [(b"authorization", f"Bearer {admin_key}".encode())]
+    entity = {"user": bench_auth.USER, "client_id": bench_auth.CLIENT_ID}
+    steps = [
+        ("POST", "/v1/users", {"name": bench_auth.USER}),
+        ("POST", "/v1/acls", bench_auth.bench_acls(100)),
+        ("PUT", "/v1/quotas", {"entity": entity, "quotas": dict(bench_auth.NEVER_THROTTLES)}),
+    ]
+    key = ""
+    for method, path, doc in steps:
+        body = orjson.dumps(doc)
+        answer = await app.call(method, path, b"", _produce_headers(body) + admin, body, ok=False)
+        status = int(answer[0]["status"])
+        text = b"".join(m.get("body", b"") for m in answer[1:])
+        if status >= 300:
+            raise RuntimeError(f"{method} {path}: {status} {text[:300]!r}")
+        if path == "/v1/users":
+            key = str(orjson.loads(text)["key"])
+    await app.app.state.security.refresh()
+    return key
 
 
 def _produce_headers(body: bytes) -> list[tuple[bytes, bytes]]:
@@ -125,15 +174,28 @@ def _produce_headers(body: bytes) -> list[tuple[bytes, bytes]]:
     ]
 
 
-async def serve(requests: int, concurrency: int, acks: str, instrument: bool) -> float:
+async def serve(
+    requests: int, concurrency: int, acks: str, instrument: bool, auth: str = "none"
+) -> float:
     """CPU seconds per request over the measured requests."""
-    app = await _App.start()
+    from auth_quotas.credentials import generate_api_key
+    from benchmarks import auth as bench_auth
+
+    admin_key = generate_api_key().token
+    app = await _App.start(admin_key if auth == "quota" else None)
+    user_key = await _secure(app, admin_key) if auth == "quota" else generate_api_key().token
     query = f"acks={acks}".encode()
     headers = _produce_headers(BODY)
+    if auth != "none":
+        headers += [
+            (b"authorization", f"Bearer {user_key}".encode()),
+            (b"logbus-client-id", bench_auth.CLIENT_ID.encode()),
+        ]
+    path = f"/v1/topics/{TOPIC}/records"
 
     async def caller(n: int) -> None:
         for _ in range(n):
-            await app.call("POST", "/v1/topics/t/records", query, headers, BODY)
+            await app.call("POST", path, query, headers, BODY)
 
     await asyncio.gather(*(caller(WARMUP_PER_CALLER) for _ in range(concurrency)))
     cpu = _measure_start(instrument)
@@ -151,14 +213,14 @@ async def serve_fetches(requests: int, instrument: bool) -> float:
     app = await _App.start()
     headers = _produce_headers(PAGE_BODY)
     for _ in range(FETCH_RECORDS // PAGE_RECORDS):
-        await app.call("POST", "/v1/topics/t/partitions/0/records", b"acks=1", headers, PAGE_BODY)
+        await app.call("POST", f"{PAGE_PATH}", b"acks=1", headers, PAGE_BODY)
     pages = FETCH_RECORDS // PAGE_RECORDS
     accept = [(b"host", b"127.0.0.1:8080"), (b"accept", b"application/json")]
 
     async def fetches(n: int) -> None:
         for i in range(n):
             query = f"offset={i % pages * PAGE_RECORDS}&max_records={PAGE_RECORDS}".encode()
-            answer = await app.call("GET", "/v1/topics/t/partitions/0/records", query, accept, b"")
+            answer = await app.call("GET", PAGE_PATH, query, accept, b"")
             if len(answer[1]["body"]) < PAGE_RECORDS * 100:
                 raise RuntimeError(f"a short page: {answer[1]['body'][:200]!r}")
 
@@ -204,6 +266,8 @@ def _under_callgrind(args: argparse.Namespace) -> int:
         str(args.concurrency),
         "--acks",
         args.acks,
+        "--auth",
+        args.auth,
         "--instrumented",
         *(["--fetch"] if args.fetch else []),
     ]
@@ -224,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=6400)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--acks", default="1", choices=["0", "1", "all"])
+    parser.add_argument("--auth", default="none", choices=["none", "ignored", "quota"])
     parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
     parser.add_argument(
         "--fetch", action="store_true", help="1,000-record JSON fetches, not small produces"
@@ -236,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         per_fetch = asyncio.run(serve_fetches(args.requests, args.instrumented))
         print(f"{per_fetch * 1e6:.1f} µs CPU per 1,000-record JSON fetch")
         return 0
-    per_request = asyncio.run(serve(args.requests, args.concurrency, args.acks, args.instrumented))
+    per_request = asyncio.run(
+        serve(args.requests, args.concurrency, args.acks, args.instrumented, args.auth)
+    )
     print(f"{per_request * 1e6:.1f} µs CPU per request ({args.concurrency} concurrent callers)")
     return 0
 

@@ -38,6 +38,13 @@ def test_request_cost_serves_json_fetches_in_process(capsys: pytest.CaptureFixtu
     assert "µs CPU per 1,000-record JSON fetch" in capsys.readouterr().out
 
 
+def test_request_cost_serves_the_secured_broker(capsys: pytest.CaptureFixture[str]) -> None:
+    """--auth quota: every produce answered 200 by the user bench, its ACLs and its quota
+    (request_cost raises on any other answer)."""
+    assert request_cost.main(["--requests", "64", "--concurrency", "8", "--auth", "quota"]) == 0
+    assert "µs CPU per request (8 concurrent callers)" in capsys.readouterr().out
+
+
 def test_an_unknown_part_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as e:
         per_request.main(["--only", "nothing", "--data-dir", str(tmp_path)])

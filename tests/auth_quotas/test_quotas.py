@@ -416,8 +416,8 @@ def test_owed_is_what_remains_of_the_announced_throttle() -> None:
 @settings(max_examples=200, deadline=None)
 @given(
     byte_type=st.sampled_from([P, C, None]),
-    byte_limit=st.sampled_from([100.0, 5000.0, None]),
-    time_limit=st.sampled_from([0.5, 50.0, None]),
+    byte_limit=st.sampled_from([100.0, 5000.0, 1e9, None]),
+    time_limit=st.sampled_from([0.5, 50.0, 1e6, None]),
     steps=st.lists(
         st.tuples(st.integers(0, 3000), st.integers(0, 20_000), st.integers(0, 10**8)),
         min_size=1,
@@ -467,6 +467,75 @@ def test_a_meter_charges_what_record_and_headers_say(
             if t.quota_type is not R:
                 want |= {k: v for k, v in t.headers().items() if k.startswith("RateLimit")}
         assert dict(got) == {k.lower().encode(): v.encode() for k, v in want.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    byte_type=st.sampled_from([P, C, None]),
+    byte_limit=st.sampled_from([2000.0, 1e5, 1e12]),
+    time_limit=st.sampled_from([5.0, 1e6, None]),
+    steps=st.lists(
+        st.tuples(st.integers(0, 400), st.integers(0, 5000), st.integers(0, 10**7)),
+        min_size=1,
+        max_size=120,
+    ),
+    shared=st.booleans(),
+)
+def test_the_quiet_path_answers_as_the_full_path(
+    byte_type: QuotaType | None,
+    byte_limit: float,
+    time_limit: float | None,
+    steps: list[tuple[int, int, int]],
+    shared: bool,
+) -> None:
+    """charge with its quiet path (a caller far below its quota) against charge without it
+    (the sensors' quiet state dropped before every request): the same fields, the same
+    waits, the same measured rates; ``shared``: a second meter on the same sensors
+    (two clients of one user) charges in turn."""
+    R = QuotaType.REQUEST_PERCENTAGE
+    configs: dict[QuotaEntity, dict[QuotaType, float]] = {E("u"): {}}
+    if byte_type is not None:
+        configs[E("u")][byte_type] = byte_limit
+    if time_limit is not None:
+        configs[E("u")][R] = time_limit
+    byte_res = resolve(configs, byte_type, "u", "c") if byte_type is not None else None
+    time_res = resolve(configs, R, "u", "c") if time_limit is not None else None
+    if byte_res is None and time_res is None:
+        return
+    quiet, full = QuotaSensors(), QuotaSensors()
+    meters = [quiet.meter(byte_type, byte_res, time_res, 0) for _ in range(2 if shared else 1)]
+    twins = [full.meter(byte_type, byte_res, time_res, 0) for _ in meters]
+    now = 0
+    for i, (gap, size, handler_ns) in enumerate(steps):
+        now += gap
+        meter, twin = meters[i % len(meters)], twins[i % len(twins)]
+        for s in (twin.byte_sensor, twin.time_sensor):
+            if s is not None:
+                s.quiet_until = 0  # never quiet: the full path every time
+        assert quiet.owed(meter, now) == full.owed(twin, now)
+        assert quiet.charge(meter, size, handler_ns, now) == full.charge(
+            twin, size, handler_ns, now
+        )
+        assert quiet.rates(now) == full.rates(now)
+
+
+def test_a_caller_far_below_its_quota_takes_the_quiet_path() -> None:
+    """The benchmark's quota (never throttles) on a steady client: after its first span most
+    requests are quiet, and answer what the full path answers."""
+    R = QuotaType.REQUEST_PERCENTAGE
+    configs = {E("u", "c"): {P: 1e12, R: 1e6}}
+    byte_res, time_res = resolve(configs, P, "u", "c"), resolve(configs, R, "u", "c")
+    quiet, full = QuotaSensors(), QuotaSensors()
+    meter, twin = quiet.meter(P, byte_res, time_res, 0), full.meter(P, byte_res, time_res, 0)
+    assert twin.byte_sensor is not None and twin.time_sensor is not None
+    took_quiet = 0
+    for now in range(0, 20_000, 10):
+        twin.byte_sensor.quiet_until = twin.time_sensor.quiet_until = 0
+        sensors = (meter.byte_sensor, meter.time_sensor)
+        took_quiet += all(s is not None and now < s.quiet_until for s in sensors)
+        assert quiet.charge(meter, 120, 30_000, now) == full.charge(twin, 120, 30_000, now)
+    assert quiet.rates(20_000) == full.rates(20_000)
+    assert took_quiet > 800  # of the 1,000 requests after the first 10 s
 
 
 def test_unlimited_and_request_time_records() -> None:
