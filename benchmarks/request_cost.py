@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -174,8 +175,74 @@ def _produce_headers(body: bytes) -> list[tuple[bytes, bytes]]:
     ]
 
 
+CUTS = ("none", "app", "front-door", "parse", "checks", "build")
+_FIXED_ANSWER = b'{"offsets":[{"partition":0,"offset":1}]}'
+
+
+@contextlib.contextmanager
+def _cut(app: _App, cut: str) -> Iterator[None]:
+    """Stop each produce at ``cut`` and answer a fixed body from there, so that the
+    instructions of each stage are the differences between cuts (``app``: a bare ASGI app in
+    place of the broker's, the harness alone; ``front-door``: produce answers at once;
+    ``parse``: after the body is read and parsed; ``checks``: after produce's checks, before
+    routing; ``build``: after the batch is built, before the append)."""
+    from api import records
+
+    def fixed() -> records.Reply:
+        return records.Reply(200, _FIXED_ANSWER, records=1, size_bytes=len(BODY))
+
+    async def at_once(*args: Any, **kwargs: Any) -> records.Reply:
+        return fixed()
+
+    async def parsed(
+        broker: Any, settings: Any, topic: str, partition: Any, query: Any, headers: Any, body: Any,
+        transactions: Any = None,
+    ) -> records.Reply:  # fmt: skip
+        raw = await records.read_body(body, settings.max_request_bytes)
+        records.parse_json_body(raw, settings.max_records_per_request, 0)
+        return fixed()
+
+    async def built(
+        broker: Any, topic: str, partition: Any, acks: Any, items: Any, count: int
+    ) -> records.Reply:
+        groups, _ = records._route(
+            broker, topic, partition, items, broker.sticky.next_partition(count)
+        )
+        [(_, rs)] = groups.items()
+        data = records.build_batches(rs, broker.log_config(topic).max_message_bytes)
+        records.built_headers(data, rs)
+        return fixed()
+
+    async def bare(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        head = [(b"content-type", b"application/json"), (b"content-length", b"40")]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": _FIXED_ANSWER})
+
+    saved = (app.app, records.produce, records._produce_parsed)
+    if cut == "app":
+        app.app = bare
+    elif cut == "front-door":
+        records.produce = at_once  # type: ignore[assignment]
+    elif cut == "parse":
+        records.produce = parsed  # type: ignore[assignment]
+    elif cut == "checks":
+        records._produce_parsed = at_once  # type: ignore[assignment]
+    elif cut == "build":
+        records._produce_parsed = built  # type: ignore[assignment]
+    try:
+        yield
+    finally:  # the module as it was: tests run this in their own process
+        app.app, records.produce, records._produce_parsed = saved  # type: ignore[assignment]
+
+
 async def serve(
-    requests: int, concurrency: int, acks: str, instrument: bool, auth: str = "none"
+    requests: int,
+    concurrency: int,
+    acks: str,
+    instrument: bool,
+    auth: str = "none",
+    cut: str = "none",
 ) -> float:
     """CPU seconds per request over the measured requests."""
     from auth_quotas.credentials import generate_api_key
@@ -197,10 +264,11 @@ async def serve(
         for _ in range(n):
             await app.call("POST", path, query, headers, BODY)
 
-    await asyncio.gather(*(caller(WARMUP_PER_CALLER) for _ in range(concurrency)))
-    cpu = _measure_start(instrument)
-    await asyncio.gather(*(caller(requests // concurrency) for _ in range(concurrency)))
-    cpu = _measure_end(instrument, cpu)
+    with _cut(app, cut):
+        await asyncio.gather(*(caller(WARMUP_PER_CALLER) for _ in range(concurrency)))
+        cpu = _measure_start(instrument)
+        await asyncio.gather(*(caller(requests // concurrency) for _ in range(concurrency)))
+        cpu = _measure_end(instrument, cpu)
     await app.stop()
     return cpu / (requests // concurrency * concurrency)
 
@@ -268,6 +336,8 @@ def _under_callgrind(args: argparse.Namespace) -> int:
         args.acks,
         "--auth",
         args.auth,
+        "--cut",
+        args.cut,
         "--instrumented",
         *(["--fetch"] if args.fetch else []),
     ]
@@ -289,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--acks", default="1", choices=["0", "1", "all"])
     parser.add_argument("--auth", default="none", choices=["none", "ignored", "quota"])
+    parser.add_argument(
+        "--cut", default="none", choices=CUTS, help="stop each produce there (see _cut)"
+    )
     parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
     parser.add_argument(
         "--fetch", action="store_true", help="1,000-record JSON fetches, not small produces"
@@ -302,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{per_fetch * 1e6:.1f} µs CPU per 1,000-record JSON fetch")
         return 0
     per_request = asyncio.run(
-        serve(args.requests, args.concurrency, args.acks, args.instrumented, args.auth)
+        serve(args.requests, args.concurrency, args.acks, args.instrumented, args.auth, args.cut)
     )
     print(f"{per_request * 1e6:.1f} µs CPU per request ({args.concurrency} concurrent callers)")
     return 0

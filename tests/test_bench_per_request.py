@@ -78,3 +78,17 @@ def test_a_failing_part_is_reported_and_the_others_kept(
     doc = json.loads(out.read_text())
     assert doc["failed_parts"] == ["latency"]
     assert [(r["name"], r["value"], r["met"]) for r in doc["ratios"]] == [("works", 1.5, True)]
+
+
+@pytest.mark.parametrize("cut", request_cost.CUTS)
+def test_request_cost_stops_each_produce_at_its_cut(
+    cut: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every cut answers each produce 200 (request_cost raises on any other answer), and
+    leaves api.records as it found it."""
+    from api import records
+
+    before = (records.produce, records._produce_parsed)
+    assert request_cost.main(["--requests", "32", "--concurrency", "4", "--cut", cut]) == 0
+    assert "µs CPU per request (4 concurrent callers)" in capsys.readouterr().out
+    assert (records.produce, records._produce_parsed) == before

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos import harness
-from tests.chaos.harness import ChaosCluster
+from tests import pause
 
 HOLD_LOCK = """
 import sqlite3, sys
@@ -24,14 +23,15 @@ sys.stdin.read()
 def test_a_sqlite_write_lock_held_by_another_process_is_seen(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """pause() re-stops a broker caught inside a write transaction: this is how it knows."""
-    monkeypatch.setattr(harness, "SQLITE_LOCK_S", 0.2)
+    """tests.pause.pause() re-stops a broker caught inside a write transaction: this is how
+    it knows."""
+    monkeypatch.setattr(pause, "SQLITE_LOCK_S", 0.2)
     db_path = tmp_path / "shared.db"
     setup = sqlite3.connect(db_path)
     setup.execute("PRAGMA journal_mode=WAL")
     setup.close()
-    cluster = ChaosCluster(tmp_path, f"sqlite:///{db_path}", brokers=1)  # none started
-    assert cluster._sqlite_writable()
+    url = f"sqlite:///{db_path}"
+    assert pause.sqlite_writable(url)
     with subprocess.Popen(
         [sys.executable, "-c", HOLD_LOCK, str(db_path)],
         stdin=subprocess.PIPE,
@@ -40,7 +40,7 @@ def test_a_sqlite_write_lock_held_by_another_process_is_seen(
     ) as holder:
         try:
             assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-            assert not cluster._sqlite_writable()
+            assert not pause.sqlite_writable(url)
         finally:
             holder.kill()
-    assert cluster._sqlite_writable()
+    assert pause.sqlite_writable(url)

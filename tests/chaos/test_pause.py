@@ -82,6 +82,13 @@ def test_paused_leader_is_fenced_and_its_pending_writes_fail(
                 f"a new leader of {p} while broker {paused} is stopped",
             )
             assert after.leader_epoch > before.leader_epoch and paused not in after.isr
+            # The new leader knows it leads before the write below is sent to it: one that
+            # has not yet polled the store answers 421 naming the stopped broker, and the
+            # write then waits on the stopped one past its deadline.
+            eventually(
+                lambda: cluster.describe(after.leader, TOPIC)[p]["leader"] == after.leader or None,
+                f"broker {after.leader} to know it leads {p}",
+            )
             # Writes go on at the new leader while the old one is still stopped.
             assert client.produce_now(p, [f"during-pause-{seed}"], after.leader)
             assert not cluster.running(paused)
