@@ -663,6 +663,25 @@ def built_headers(buf: bytes, records: Sequence[Record]) -> list[BatchHeader] | 
     return headers
 
 
+def build_plain(records: Sequence[Record]) -> tuple[bytes, BatchHeader] | None:
+    """One batch of ``records`` as :func:`build_batch` writes it with its defaults, and its
+    header, when :func:`built_headers` would pass it (no record headers, every timestamp in
+    range): in C (``_recordscan.plain_batch``: one call where build_batch and built_headers
+    make ≈ 15, ≈ 30 k instructions for one record). Its twin is those two
+    (tests/core_log/test_built_headers.py). None: build and check in Python."""
+    if _native_plain_batch is None:
+        return None
+    return _native_plain_batch(records, _crc32c.crc32c, BatchHeader)
+
+
+try:
+    from ._recordscan import plain_batch as _c_plain_batch
+
+    _native_plain_batch: Callable[..., tuple[bytes, BatchHeader] | None] | None = _c_plain_batch
+except ImportError:  # built with LOGBUS_PURE_PYTHON=1
+    _native_plain_batch = None
+
+
 def timestamp_ok(ts: int) -> bool:
     """Can every reader render this record timestamp (ms)? -1 (none) or 0..year 9999."""
     return ts == NO_TIMESTAMP or 0 <= ts <= MAX_TIMESTAMP_MS

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.records import build_batches
-from core_log.batch import Record, built_headers, split_batches
+from core_log import batch as batch_module
+from core_log.batch import Record, build_batch, build_plain, built_headers, split_batches
 from core_log.errors import InvalidRecordError, InvalidTimestampError, RecordTooLargeError
 from core_log.limits import MAX_HEADER_KEY_BYTES, MAX_TIMESTAMP_MS
 from tests.core_log.test_manager import make_manager, read_values
@@ -60,6 +61,39 @@ def test_built_headers_are_what_the_strict_check_returns_or_none(
     elif all(not r.headers for r in rs):
         # Without record headers, only what the strict check refuses is left to it.
         assert strict is None
+
+
+@settings(max_examples=300)
+@given(st.lists(records, min_size=1, max_size=5))
+def test_the_c_plain_batch_is_build_batch_and_built_headers(rs: list[Record]) -> None:
+    """``build_plain`` (C) against its twin: the same bytes and header where the records have
+    no headers and timestamps in range, None (the Python path) otherwise."""
+    plain = build_plain(rs)
+    data = build_batch(rs)
+    trusted = built_headers(data, rs)
+    if batch_module._native_plain_batch is None:
+        assert plain is None  # built with LOGBUS_PURE_PYTHON=1
+        return
+    if trusted is None:
+        assert plain is None
+    else:
+        assert plain is not None
+        assert plain[0] == data and [plain[1]] == trusted
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        Record("text", None, (), 0),  # type: ignore[arg-type]
+        Record(None, bytearray(b"k"), (), 0),  # type: ignore[arg-type]
+        Record(b"v", None, (), 1.5),  # type: ignore[arg-type]
+        Record(b"v", None, [], 0),  # type: ignore[arg-type]
+        Record(b"v", None, (), -1),
+    ],
+)
+def test_the_c_plain_batch_leaves_records_off_its_path_to_python(odd: Record) -> None:
+    assert build_plain([odd]) is None
+    assert build_plain([]) is None
 
 
 def test_a_built_batch_appends_with_its_offsets_and_an_out_of_range_one_is_refused(
