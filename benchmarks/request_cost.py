@@ -209,8 +209,7 @@ def _cut(app: _App, cut: str) -> Iterator[None]:
             broker, topic, partition, items, broker.sticky.next_partition(count)
         )
         [(_, rs)] = groups.items()
-        data = records.build_batches(rs, broker.log_config(topic).max_message_bytes)
-        records.built_headers(data, rs)
+        records.built_batches(rs, broker.log_config(topic).max_message_bytes)
         return fixed()
 
     async def bare(scope: Any, receive: Any, send: Any) -> None:
