@@ -359,18 +359,18 @@ def build_batch(
     if is_control:
         attributes |= CONTROL_MASK
     lod = len(records) - 1 if last_offset_delta is None else last_offset_delta
-    return _assemble(
+    return assemble_batch(
         body,
-        base_offset,
-        partition_leader_epoch,
-        attributes,
-        lod,
-        base_ts,
-        max_ts,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        len(records),
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        attributes=attributes,
+        last_offset_delta=lod,
+        base_timestamp=base_ts,
+        max_timestamp=max_ts,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        record_count=len(records),
     )
 
 
@@ -389,41 +389,8 @@ def assemble_batch(
     record_count: int,
 ) -> bytes:
     """Put a header in front of an (already compressed) records section and sign it."""
-    return _assemble(
-        body,
-        base_offset,
-        partition_leader_epoch,
-        attributes,
-        last_offset_delta,
-        base_timestamp,
-        max_timestamp,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        record_count,
-    )
-
-
-_AFTER_CRC = struct.Struct(">hiqqqhii")
-_BEFORE_CRC = struct.Struct(">qiibI")
-
-
-def _assemble(
-    body: bytes,
-    base_offset: int,
-    partition_leader_epoch: int,
-    attributes: int,
-    last_offset_delta: int,
-    base_timestamp: int,
-    max_timestamp: int,
-    producer_id: int,
-    producer_epoch: int,
-    base_sequence: int,
-    record_count: int,
-) -> bytes:
-    """:func:`assemble_batch` with positional arguments (every JSON produce builds a batch:
-    eleven keywords cost ≈ 0.5 µs)."""
-    after_crc = _AFTER_CRC.pack(
+    after_crc = struct.pack(
+        ">hiqqqhii",
         attributes,
         last_offset_delta,
         base_timestamp,
@@ -435,7 +402,7 @@ def _assemble(
     )
     crc = _crc32c.crc32c(body, _crc32c.crc32c(after_crc))
     batch_length = HEADER_BYTES - LOG_OVERHEAD + len(body)
-    head = _BEFORE_CRC.pack(base_offset, batch_length, partition_leader_epoch, MAGIC, crc)
+    head = struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC, crc)
     return head + after_crc + body
 
 
