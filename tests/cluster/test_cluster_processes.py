@@ -117,6 +117,17 @@ def _local(base: str, topic: str) -> dict[str, Any]:
     return {**part, **(part["local_replica"] or {})}  # this broker's own replica's offsets
 
 
+def knows_topic(base: str, topic: str) -> bool | None:
+    """Whether the broker at ``base`` has seen ``topic`` in the store yet (a broker learns of
+    a topic created elsewhere at its next metadata poll: until then it answers a retriable
+    404); None while not, for :func:`eventually`."""
+    r = httpx.get(f"{base}/v1/topics/{topic}/partitions", timeout=10)
+    if r.status_code == 404:
+        return None
+    r.raise_for_status()
+    return True
+
+
 def _values(base: str, topic: str) -> list[Any]:
     r = httpx.get(
         f"{base}/v1/topics/{topic}/partitions/0/records", params={"offset": 0}, timeout=10
@@ -146,6 +157,7 @@ def test_rf3_topic_replicates_and_survives_its_leader_being_killed(
 
     # A broker that does not lead the partition says so, naming the leader.
     other = next(b for i, b in brokers.items() if i != row.leader)
+    eventually(lambda: knows_topic(other.url, "orders"), "the topic known everywhere")
     eventually(lambda: _local(other.url, "orders")["leader"] == row.leader or None, "metadata")
     misdirected = _produce(other.url, "orders", ["nope"])
     assert misdirected.status_code == 421, misdirected.text

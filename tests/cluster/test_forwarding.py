@@ -53,6 +53,8 @@ def _row(url: str, partition: int) -> PartitionMeta:
 
 def _knows_leader(base: str, url: str, partition: int) -> bool | None:
     r = httpx.get(f"{base}/v1/topics/{TOPIC}/partitions", timeout=10)
+    if r.status_code == 404:  # the topic not seen there yet (its next metadata poll)
+        return None
     return r.json()[partition]["leader"] == _row(url, partition).leader or None
 
 

@@ -16,7 +16,7 @@ import pytest
 from cluster.metadata import MetadataStore, PartitionMeta
 from tests.pause import pause
 
-from .test_cluster_processes import brokers_on_one_store, eventually
+from .test_cluster_processes import brokers_on_one_store, eventually, knows_topic
 
 TOPIC = "moving"
 
@@ -259,6 +259,7 @@ def test_drain_moves_every_replica_off_a_broker_with_the_cli(
             timeout=30,
         )
         assert r.status_code == 201, r.text
+        eventually(lambda: knows_topic(brokers[2].url, "drained"), "broker 2 to know the topic")
         for p in range(3):
             w = httpx.post(
                 f"{brokers[2].url}/v1/topics/drained/partitions/{p}/records",
