@@ -32,9 +32,23 @@ from core_log.errors import (
     StorageFullError,
 )
 from core_log.log import AppendResult, PartitionLog
-from core_log.manager import Partition
+from core_log.manager import LogManager, Partition
 from tests.core_log.faults import EIO, ENOSPC, faulty_files
 from tests.core_log.test_manager import T0, batch, make_manager, read_values, run
+
+
+async def started(tmp_path: Path, config: LogConfig | None = None) -> tuple[LogManager, Partition]:
+    """A started manager and its partition ``t-0`` with one batch in it: the leader epoch is
+    stored, so small appends go inline (and gather) from now on."""
+    m = (
+        make_manager(tmp_path)
+        if config is None
+        else make_manager(tmp_path, config_for=lambda _t: config)
+    )
+    await m.start(background=False)
+    p = await m.create("t", 0)
+    await p.append(batch(b"first"))
+    return m, p
 
 
 class CountingFiles(fileio.FileOps):
@@ -48,10 +62,7 @@ class CountingFiles(fileio.FileOps):
 
 def test_concurrent_appends_share_one_write_and_keep_their_offsets(tmp_path: Path) -> None:
     async def main() -> None:
-        m = make_manager(tmp_path)
-        await m.start(background=False)
-        p = await m.create("t", 0)
-        await p.append(batch(b"first"))  # the leader epoch is stored: appends go inline now
+        m, p = await started(tmp_path)
         with fileio.injected(CountingFiles()) as files:
             assert isinstance(files, CountingFiles)
             sizes = [1 + i % 3 for i in range(64)]
@@ -84,10 +95,7 @@ def test_a_bad_request_fails_alone(tmp_path: Path) -> None:
     config = LogConfig(max_message_bytes=200)
 
     async def main() -> None:
-        m = make_manager(tmp_path, config_for=lambda _t: config)
-        await m.start(background=False)
-        p = await m.create("t", 0)
-        await p.append(batch(b"first"))
+        m, p = await started(tmp_path, config)
         corrupt = bytearray(batch(b"x"))
         corrupt[-1] ^= 0xFF
         large = batch(b"y" * 300)
@@ -122,10 +130,7 @@ def test_idempotent_batches_keep_their_own_append(tmp_path: Path) -> None:
         )
 
     async def main() -> None:
-        m = make_manager(tmp_path)
-        await m.start(background=False)
-        p = await m.create("t", 0)
-        await p.append(batch(b"first"))
+        m, p = await started(tmp_path)
         first = await asyncio.gather(
             p.append(batch(b"a")), p.append(producer_batch(0)), p.append(batch(b"b"))
         )
@@ -150,10 +155,7 @@ def test_durable_and_plain_appends_in_one_turn(tmp_path: Path) -> None:
         return real_flush(self)
 
     async def main() -> None:
-        m = make_manager(tmp_path)
-        await m.start(background=False)
-        p = await m.create("t", 0)
-        await p.append(batch(b"first"))
+        m, p = await started(tmp_path)
 
         async def durable(i: int) -> None:
             r = await p.append(batch(b"d%d" % i), durable=True)
@@ -178,10 +180,7 @@ def test_a_run_that_must_roll_is_queued_in_order(tmp_path: Path) -> None:
     config = LogConfig(segment_bytes=1024)
 
     async def main() -> None:
-        m = make_manager(tmp_path, config_for=lambda _t: config)
-        await m.start(background=False)
-        p = await m.create("t", 0)
-        await p.append(batch(b"first"))
+        m, p = await started(tmp_path, config)
         for round_ in range(5):
             results = await asyncio.gather(
                 *(p.append(batch(b"%d-%d" % (round_, i) + b"x" * 40)) for i in range(30))
@@ -198,10 +197,7 @@ def test_a_run_that_must_roll_is_queued_in_order(tmp_path: Path) -> None:
 
 def test_a_full_disk_fails_the_whole_run_and_appends_nothing(tmp_path: Path) -> None:
     async def main() -> None:
-        m = make_manager(tmp_path)
-        await m.start(background=False)
-        p = await m.create("t", 0)
-        await p.append(batch(b"first"))
+        m, p = await started(tmp_path)
         with faulty_files() as files:
             files.write_errors = [ENOSPC]
             outcomes = await asyncio.gather(
@@ -240,10 +236,7 @@ def test_a_durable_run_is_answered_after_the_fsync_that_covers_it(tmp_path: Path
         await real_sync(self, offset)
 
     async def main() -> None:
-        m = make_manager(tmp_path)
-        await m.start(background=False)
-        p = await m.create("t", 0)
-        await p.append(batch(b"first"))
+        m, p = await started(tmp_path)
         with faulty_files() as files:
             files.gate = gate = threading.Event()
             tasks = [asyncio.create_task(durable_append(p, b"d%d" % i)) for i in range(16)]
@@ -266,10 +259,7 @@ def test_a_durable_run_is_answered_after_the_fsync_that_covers_it(tmp_path: Path
 
 def test_a_run_written_during_an_fsync_waits_for_the_next_one(tmp_path: Path) -> None:
     async def main() -> None:
-        m = make_manager(tmp_path)
-        await m.start(background=False)
-        p = await m.create("t", 0)
-        await p.append(batch(b"first"))
+        m, p = await started(tmp_path)
         with faulty_files() as files:
             files.gate = gate = threading.Event()
             first = [asyncio.create_task(durable_append(p, b"a%d" % i)) for i in range(4)]
@@ -293,10 +283,7 @@ def test_a_cancelled_waiter_leaves_the_shared_fsync_to_the_others(tmp_path: Path
     the fsync goes on, and the others of its run and a ``sync`` beside them are answered."""
 
     async def main() -> None:
-        m = make_manager(tmp_path)
-        await m.start(background=False)
-        p = await m.create("t", 0)
-        await p.append(batch(b"first"))
+        m, p = await started(tmp_path)
         with faulty_files() as files:
             files.gate = gate = threading.Event()
             tasks = [asyncio.create_task(durable_append(p, b"d%d" % i)) for i in range(4)]
