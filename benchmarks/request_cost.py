@@ -212,15 +212,11 @@ def _cut(app: _App, cut: str) -> Iterator[None]:
         records.built_batches(rs, broker.log_config(topic).max_message_bytes)
         return fixed()
 
-    async def bare(scope: Any, receive: Any, send: Any) -> None:
-        await receive()
-        head = [(b"content-type", b"application/json"), (b"content-length", b"40")]
-        await send({"type": "http.response.start", "status": 200, "headers": head})
-        await send({"type": "http.response.body", "body": _FIXED_ANSWER})
-
     saved = (app.app, records.produce, records._produce_parsed)
     if cut == "app":
-        app.app = bare
+        from benchmarks import bare_asgi
+
+        app.app = bare_asgi.app  # the same bare app per_request measures on the server
     elif cut == "front-door":
         records.produce = at_once  # type: ignore[assignment]
     elif cut == "parse":
