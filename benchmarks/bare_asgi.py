@@ -1,7 +1,8 @@
 """The ceiling for one small request: a bare ASGI app on the same server as the broker.
 
 It reads the whole request body and answers a fixed JSON body of the size of a produce answer,
-served by uvicorn with the broker's protocol choices (httptools, uvloop, no access log) on one
+served by uvicorn with the broker's protocol choices (httptools, uvloop, no access log, no
+proxy headers) and the broker's collector threshold (:func:`api.server.tune_gc`) on one
 process. ``python -m benchmarks.bare_asgi --port P`` serves it; :mod:`benchmarks.per_request`
 starts it in the same run as the broker and compares the two under the same wrk load.
 """
@@ -61,6 +62,9 @@ def main() -> None:
             settings.body_timeout_ms,
             settings.send_timeout_ms,
         )
+    from api.server import tune_gc
+
+    tune_gc()
     uvicorn.run(
         app,
         host="127.0.0.1",
@@ -69,6 +73,7 @@ def main() -> None:
         loop=args.loop,
         log_level="warning",
         access_log=False,
+        proxy_headers=False,
         backlog=2048,
     )
 

@@ -39,12 +39,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +269,142 @@ async def serve(
     return cpu / (requests // concurrency * concurrency)
 
 
+class _Wire(asyncio.Transport):
+    """One keep-alive connection as the server sees it, a client at its other end that sends
+    ``request`` again on the next turn of the loop each time a whole answer has come back, until
+    it has sent ``count``; then calls ``done(None)``. An answer that is not 200 with a
+    Content-Length stops it: ``done(error)``."""
+
+    def __init__(
+        self, request: bytes, count: int, done: Callable[[Exception | None], None], port: int
+    ) -> None:
+        super().__init__()
+        self.loop = asyncio.get_running_loop()
+        self.request = request
+        self.left = count
+        self.done = done
+        self.received = bytearray()
+        self.protocol: asyncio.Protocol | None = None
+        self.closing = False
+        self.extra = {"peername": ("127.0.0.1", port), "sockname": ("127.0.0.1", 8080)}
+
+    def start(self, protocol: asyncio.Protocol) -> None:
+        self.protocol = protocol
+        protocol.connection_made(self)
+        self.loop.call_soon(protocol.data_received, self.request)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.extra.get(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.received += data
+        self._answered()
+
+    def writelines(self, parts: Iterable[bytes | bytearray | memoryview]) -> None:
+        for part in parts:
+            self.received += part
+        self._answered()
+
+    def _answered(self) -> None:
+        end = self.received.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        at = self.received.find(b"\r\ncontent-length: ", 0, end)
+        if not self.received.startswith(b"HTTP/1.1 200 ") or at < 0:
+            self.done(RuntimeError(f"answered {bytes(self.received[:300])!r}"))
+            return
+        at += len(b"\r\ncontent-length: ")
+        whole = end + 4 + int(self.received[at : self.received.index(b"\r\n", at)])
+        if len(self.received) < whole:
+            return
+        del self.received[:whole]
+        self.left -= 1
+        assert self.protocol is not None
+        if self.left > 0:
+            self.loop.call_soon(self.protocol.data_received, self.request)
+        else:
+            self.done(None)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+async def serve_http(
+    requests: int, concurrency: int, acks: str, instrument: bool, cut: str = "none"
+) -> float:
+    """CPU seconds per request over the measured requests, as :func:`serve` but each request
+    sent as HTTP/1.1 bytes through the broker's server (uvicorn configured as
+    :func:`api.server.uvicorn_config` configures it, the broker's protocol) on ``concurrency``
+    in-memory connections: the server's cost too, no socket. ``cut="app"``: the bare ASGI
+    app of :mod:`benchmarks.bare_asgi` on the same server instead of the broker."""
+    from uvicorn.server import ServerState
+
+    from api.budgets import Budgets
+    from api.server import tune_gc, uvicorn_config
+    from api.settings import Settings
+    from benchmarks import bare_asgi
+
+    app = await _App.start()
+    settings = Settings()
+    served: Any = bare_asgi.app if cut == "app" else app.app
+    with _cut(app, "none" if cut == "app" else cut):
+        config = uvicorn_config(settings, served, Budgets.from_settings(settings))
+        config.load()
+        thresholds = gc.get_threshold()
+        tune_gc()  # as the broker's server does
+        state = ServerState()
+        head = (
+            f"POST /v1/topics/{TOPIC}/records?acks={acks} HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:8080\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(BODY)}\r\n\r\n"
+        ).encode()
+
+        async def run(per_connection: int) -> None:
+            finished = asyncio.get_running_loop().create_future()
+            left = concurrency
+
+            def done(error: Exception | None) -> None:
+                nonlocal left
+                left -= 1
+                if finished.done():
+                    return
+                if error is not None:
+                    finished.set_exception(error)
+                elif left == 0:
+                    finished.set_result(None)
+
+            for i in range(concurrency):
+                make: Any = config.http_protocol_class
+                protocol = make(config=config, server_state=state, app_state={})
+                _Wire(head + BODY, per_connection, done, 50000 + i).start(protocol)
+            await finished
+
+        try:
+            await run(WARMUP_PER_CALLER)
+            cpu = _measure_start(instrument)
+            await run(requests // concurrency)
+            cpu = _measure_end(instrument, cpu)
+        finally:  # tests run this in their own process
+            gc.set_threshold(*thresholds)
+    await app.stop()
+    return cpu / (requests // concurrency * concurrency)
+
+
 async def serve_fetches(requests: int, instrument: bool) -> float:
     """CPU seconds per 1,000-record JSON fetch over the measured fetches."""
     from api.server import tune_allocator
@@ -335,6 +472,7 @@ def _under_callgrind(args: argparse.Namespace) -> int:
         args.cut,
         "--instrumented",
         *(["--fetch"] if args.fetch else []),
+        *(["--server"] if args.server else []),
     ]
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     dumps = sorted(out.glob("callgrind.*.1"))
@@ -361,6 +499,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fetch", action="store_true", help="1,000-record JSON fetches, not small produces"
     )
+    parser.add_argument(
+        "--server",
+        action="store_true",
+        help="send HTTP/1.1 bytes through the broker's server (uvicorn and its protocol), uvloop",
+    )
     parser.add_argument("--instrumented", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.callgrind:
@@ -369,9 +512,18 @@ def main(argv: list[str] | None = None) -> int:
         per_fetch = asyncio.run(serve_fetches(args.requests, args.instrumented))
         print(f"{per_fetch * 1e6:.1f} µs CPU per 1,000-record JSON fetch")
         return 0
-    per_request = asyncio.run(
-        serve(args.requests, args.concurrency, args.acks, args.instrumented, args.auth, args.cut)
-    )
+    if args.server:
+        import uvloop
+
+        per_request = uvloop.run(
+            serve_http(args.requests, args.concurrency, args.acks, args.instrumented, args.cut)
+        )
+    else:
+        per_request = asyncio.run(
+            serve(
+                args.requests, args.concurrency, args.acks, args.instrumented, args.auth, args.cut
+            )
+        )
     print(f"{per_request * 1e6:.1f} µs CPU per request ({args.concurrency} concurrent callers)")
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -43,6 +44,37 @@ def test_request_cost_serves_the_secured_broker(capsys: pytest.CaptureFixture[st
     (request_cost raises on any other answer)."""
     assert request_cost.main(["--requests", "64", "--concurrency", "8", "--auth", "quota"]) == 0
     assert "µs CPU per request (8 concurrent callers)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cut", ["none", "app"])
+def test_request_cost_serves_produces_through_the_brokers_server(
+    cut: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--server: every request goes as HTTP/1.1 bytes through uvicorn and the broker's
+    protocol and is answered 200 (the in-memory client raises on any other answer); the
+    broker's collector settings are put back."""
+    import gc
+
+    before = gc.get_threshold()
+    args = ["--server", "--requests", "64", "--concurrency", "8", "--cut", cut]
+    assert request_cost.main(args) == 0
+    assert "µs CPU per request (8 concurrent callers)" in capsys.readouterr().out
+    assert gc.get_threshold() == before
+
+
+def test_the_in_memory_client_stops_on_an_answer_that_is_not_200() -> None:
+    """A refused request fails the run at once instead of leaving it waiting forever."""
+    asyncio.run(_stops_on_a_refusal())
+
+
+async def _stops_on_a_refusal() -> None:
+    outcomes: list[Exception | None] = []
+    wire = request_cost._Wire(b"GET / HTTP/1.1\r\n\r\n", 2, outcomes.append, 50000)
+    wire.start(asyncio.Protocol())
+    wire.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+    assert outcomes == [] and wire.left == 1
+    wire.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}")
+    assert len(outcomes) == 1 and "404" in str(outcomes[0])
 
 
 def test_an_unknown_part_is_refused(tmp_path: Path) -> None:
