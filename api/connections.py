@@ -265,6 +265,10 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         self._body_progress = 0.0  # loop time of the last body bytes (or of the head)
         self._body_timer: TimerHandle | None = None
         self._head_held: HeadHeld | None = None
+        # The keep-alive timeout's one timer, re-armed lazily as the head timer is.
+        self._idle_timer: TimerHandle | None = None
+        self._idle_deadline = 0.0
+        self._idle_armed = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         admitted, victim = self.gate.admit()
@@ -286,6 +290,10 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         self._admitted = False
         self._drop_head_timer()
         self._cancel_body_timer()
+        self._idle_armed = False
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         self._stall.resumed()
         self.gate.closed(self)
         super().connection_lost(exc)
@@ -321,14 +329,41 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        """What uvicorn's does — count the request, read again, start a pipelined request —
+        but the keep-alive timeout moves the deadline of one timer per connection instead of
+        creating a timer for each answer (which the next request's first bytes then cancel):
+        a timer made and cancelled costs ≈ 1-6 µs under uvloop, a deadline moved a float."""
         if self._head_held is not None:
             self._head_held.flush()
-        pipelined = bool(self.pipeline)  # the next request starts now: not idle
-        super().on_response_complete()
-        if self.transport.is_closing() or pipelined:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:  # the next request starts now: not idle
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
             return
         self._in_head = True
         self.gate.idle(self)
+        self._idle_deadline = self.loop.time() + self.timeout_keep_alive
+        self._idle_armed = True
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_at(self._idle_deadline, self._idle_timed_out)
+
+    def _unset_keepalive_if_required(self) -> None:
+        """uvicorn calls this when bytes arrive and when the connection is lost: the
+        connection is no longer idle."""
+        self._idle_armed = False
+        super()._unset_keepalive_if_required()
+
+    def _idle_timed_out(self) -> None:
+        self._idle_timer = None
+        if not self._idle_armed:
+            return  # a request came since; its answer arms the deadline again
+        if self.loop.time() < self._idle_deadline:  # a later answer moved the deadline
+            self._idle_timer = self.loop.call_at(self._idle_deadline, self._idle_timed_out)
+            return
+        self.timeout_keep_alive_handler()
 
     def handle_websocket_upgrade(self) -> None:
         """The socket becomes a WebSocket: its protocol tells the gate when it closes."""

@@ -105,6 +105,35 @@ def test_an_idle_keep_alive_connection_still_answers_then_is_closed(
         assert closed_by_peer(s)  # keep_alive_timeout_ms
 
 
+def test_a_busy_keep_alive_connection_outlives_its_first_idle_deadline(
+    broker: BrokerProcess,
+) -> None:
+    """The keep-alive timeout's one timer is moved by each answer, not re-created: requests
+    every 50 ms for three timeouts (400 ms) keep the connection open, and it closes once idle.
+    A try in which the client itself was idle 300 ms or more before a request (a stalled
+    machine) tells nothing and is given up before that request, then tried again."""
+    for _ in range(5):
+        with connect(broker) as s:
+            last = started = time.monotonic()
+            stalled = False
+            while time.monotonic() - started < 1.2:
+                if time.monotonic() - last >= 0.3:
+                    stalled = True
+                    break
+                s.sendall(
+                    f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n\r\n".encode()
+                )
+                status, _, _ = read_answer(s)
+                assert status == 200
+                last = time.monotonic()
+                time.sleep(0.05)
+            if stalled:
+                continue
+            assert closed_by_peer(s)
+            return
+    pytest.fail("the client stalled for 300 ms or more in every try")
+
+
 def test_idle_connections_at_the_cap_give_way_to_new_clients(tmp_path: Path) -> None:
     """At max_connections a new client is served and the oldest idle connection closes;
     nobody gets 503 (uvicorn's limit_concurrency answered 503 to everyone)."""
