@@ -498,32 +498,6 @@ static int put_text_or_b64(out_t *o, const char *name, size_t name_len, const ui
     return out_b64(o, s, (size_t)len);
 }
 
-/* The output's first allocation, sized from the section, so that a 1,000-record page is not
- * built by doubling from 4 KiB: six reallocs, each a copy of all rendered so far (≈ 250 KB of
- * copies for a 174 KB page; callgrind, benchmarks.request_cost --fetch). The guess: the stored
- * bytes of the records wanted, a third more (base64), and RENDER_OVERHEAD_BYTES a record for
- * the keys, offset and timestamp; at most PRESIZE_MAX_BYTES. A short guess only means the
- * doubling goes on from there; a failed allocation is left to the first real write. */
-#define RENDER_OVERHEAD_BYTES 80
-#define PRESIZE_MAX_BYTES ((size_t)16 << 20)
-
-static void out_presize(walk_t *w) {
-    if (w->record_count <= 0 || w->max_records <= 0) return;
-    int64_t skipped = w->start_offset - w->base_offset;
-    if (skipped < 0) skipped = 0;
-    if (skipped >= w->record_count) return;
-    int64_t wanted = w->record_count - skipped;
-    if (wanted > w->max_records) wanted = w->max_records;
-    size_t per = w->n / (size_t)w->record_count;
-    size_t each = per + per / 3 + RENDER_OVERHEAD_BYTES + w->sep_len + w->extra_len;
-    size_t guess = each > PRESIZE_MAX_BYTES / (size_t)wanted ? PRESIZE_MAX_BYTES
-                                                              : each * (size_t)wanted;
-    char *p = PyMem_RawMalloc(guess);
-    if (p == NULL) return;
-    w->out.p = p;
-    w->out.cap = guess;
-}
-
 /* The records of the section through rw_record() (_recordwalk.h: the rules every reader and
  * produce share). A record it rejects stops the walk: w->error says why, w->fault_offset which
  * record (-1 if its bytes do not say) and w->structural whether the rest is unreadable too. A
@@ -630,7 +604,6 @@ static PyObject *encode_section(PyObject *self, PyObject *args) {
     w.last_offset = -1;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    out_presize(&w);
     rc = walk(&w);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&section);

@@ -212,8 +212,8 @@ def test_string_values_render_as_the_twin_renders_them(raws: list[bytes]) -> Non
 @pytest.mark.parametrize(
     "value",
     [
-        b'"' + b"v" * 98 + b'"',  # a page of the benchmarks: the output's first guess holds it
-        b"\x01" * 100,  # text escaped as \u0001: 6x its stored bytes, past the first guess
+        b'"' + b"v" * 98 + b'"',  # a page of the benchmarks (a JSON string, copied)
+        b"\x01" * 100,  # text escaped as \u0001: 6x its stored bytes
         bytes(range(256)),  # not UTF-8: base64
     ],
 )
@@ -221,8 +221,8 @@ def test_string_values_render_as_the_twin_renders_them(raws: list[bytes]) -> Non
 def test_large_sections_render_as_the_twin_renders_them(
     value: bytes, start: int, limit: int
 ) -> None:
-    """Whatever the output's first allocation (sized from the section, the records wanted and
-    skipped), the bytes are the twin's."""
+    """Pages of a 1,000-record batch, from its start, middle and end: the bytes are the
+    twin's (the output buffer grows many times over for these)."""
     data = build_batch([Record(value, key=b"k%d" % i) for i in range(1000)])
     got = encode_json(data, start, limit, encoder=C)
     assert got == encode_json(data, start, limit, encoder=PY)
