@@ -41,6 +41,16 @@ Measurements, in ABBA rounds (:func:`benchmarks.ratios.alternate`):
    ``GET …/partitions/0/records?offset=o&max_records=1000`` decoded with ``orjson.loads``
    (following ``next_offset``), Redis ``XREAD COUNT 1000 STREAMS s <last id>`` decoded by
    hiredis into redis-py's answer (a list of ``(id, {field: value})``). Records/s.
+   Both clients block on their socket, in this thread: Logbus's
+   :class:`~benchmarks.blocking_http.BlockingConn` (the answer received into one buffer kept
+   for the connection, the body decoded from a view of it) against redis-py's blocking
+   client. Extra rows read Logbus with the raw asyncio client
+   (:class:`benchmarks.transactions.Conn`, under ``asyncio.run`` per read), with the standard
+   library's ``http.client``, and asking for the next page ahead. Every consume pass runs
+   with this process's heap frozen out of the cyclic garbage collector
+   (:func:`with_heap_frozen`): the collections a page's thousands of containers trigger would
+   otherwise walk the benchmark's own objects (≈ 46,000 after ``import benchmarks.redis_peer``,
+   ≈ 98,000 under :mod:`benchmarks.per_request`), a cost no consumer process has.
 
 The client's cost is part of each side's figure (the issue asks for it: a consumer pays for its
 decode). The client shares the 2 cores with both servers; each measurement's CPU seconds of the
@@ -208,13 +218,14 @@ def with_heap_frozen(run: Callable[[], int]) -> int:
 
     A consume pass allocates thousands of collector-tracked containers a page (orjson's dict
     and ``headers`` list per record; hiredis's lists and redis-py's tuple and dict per entry),
-    and every full collection they trigger walks the whole heap — here ≈ 51,000 objects of the
-    benchmark's own imports (the broker's package, httpx, redis-py), which a consumer process
-    would not hold. Measured in this process (2026-11-27): ``orjson.loads`` of a 1,000-record
-    page, each result held until the next, ≈ 520 µs a page, ≈ 270 µs with the heap frozen,
-    ≈ 290 µs in a bare interpreter; in 4 alternating rounds (load 3-4) the blocking client's
-    ratio to redis-py was 1.03-2.55 unfrozen and 1.44-1.48 frozen. Frozen, a client's figure is
-    its own work; both sides get the same."""
+    and every full collection they trigger walks the whole heap — ≈ 46,000 objects after
+    ``import benchmarks.redis_peer`` (the broker's package, httpx, redis-py), ≈ 98,000 under
+    :mod:`benchmarks.per_request` — which a consumer process would not hold. Measured
+    (2026-11-27, a process that had started a broker, ≈ 51,000 objects): ``orjson.loads`` of a
+    1,000-record page, each result held until the next, ≈ 520 µs a page, ≈ 270 µs with the
+    heap frozen, ≈ 290 µs in a bare interpreter; in 4 alternating rounds (load 3-4) the
+    blocking client's ratio to redis-py was 1.03-2.55 unfrozen and 1.44-1.48 frozen. Frozen, a
+    client's figure is its own work; both sides get the same."""
     gc.freeze()
     try:
         return run()
