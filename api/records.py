@@ -740,7 +740,7 @@ async def fetch(
         return Reply(200, data, BATCH, headers, count, len(result.data))
     sep = b"\n" if kind == NDJSON else b","
     rendered = encode_json_within(data, offset, max_records, max_bytes, sep=sep)
-    body, count, last = rendered.body, rendered.count, rendered.last_offset
+    count, last = rendered.count, rendered.last_offset
     if rendered.full:  # max_bytes of rendered records: go on after the last one sent
         next_offset = rendered.next_offset(offset)
     else:  # never past an unreadable record not yet named (the next read names it)
@@ -749,7 +749,7 @@ async def fetch(
         )
     headers = _position_headers(next_offset, hw, result)
     if kind == NDJSON:
-        body = body + b"\n" if count else body
+        body = rendered.joined(b"", b"\n") if count else b""
         return Reply(200, body, NDJSON, headers, count, len(result.data))
     position: dict[str, int] = {
         "next_offset": next_offset,
@@ -759,8 +759,7 @@ async def fetch(
     }
     if isinstance(result, CommittedReadResult):
         position["last_stable_offset"] = result.last_stable_offset
-    tail = orjson.dumps(position)
-    doc = b"".join((b'{"records":[', body, b"],", tail[1:]))  # one copy of the body, not three
+    doc = rendered.joined(b'{"records":[', b"]," + orjson.dumps(position)[1:])
     return Reply(200, doc, JSON, headers, count, len(result.data))
 
 

@@ -44,15 +44,33 @@ _MIN_BATCH_LENGTH = HEADER_BYTES - LOG_OVERHEAD
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
-    """Records rendered as JSON objects joined by the caller's separator."""
+    """Records rendered as JSON objects joined by the caller's separator: the pieces as the
+    renderer gave them (one per run of batches), joined once by whoever sends them."""
 
-    body: bytes
+    parts: list[bytes]
+    sep: bytes
     count: int
     last_offset: int  # of the last record in ``body``; -1 when empty
     full: bool  # stopped by the byte budget: records after ``last_offset`` were left out
     # Stopped before a record no reader can serve (``encode_json_upto``'s ``stop``): a reader
     # goes on from here, never past it; the next read names it.
     stop: int | None = None
+
+    @property
+    def body(self) -> bytes:
+        """The records joined by ``sep`` (no copy when one piece holds them all)."""
+        return self.sep.join(self.parts)
+
+    def joined(self, head: bytes, tail: bytes) -> bytes:
+        """``head + body + tail`` with one copy of the records, not two (a 1,000-record
+        JSON page of 100-byte values is 174 KB, rendered in two pieces)."""
+        pieces = [head]
+        for i, part in enumerate(self.parts):
+            if i:
+                pieces.append(self.sep)
+            pieces.append(part)
+        pieces.append(tail)
+        return b"".join(pieces)
 
     def next_offset(self, start: int) -> int:
         """Where a consumer continues after a ``full`` answer."""
@@ -83,7 +101,7 @@ def encode_json_within(
             break
         gap = len(sep) if parts else 0
         if size + gap >= max_bytes and (count or not at_least_one):
-            return Rendered(sep.join(parts), count, last, True)
+            return Rendered(parts, sep, count, last, True)
         try:
             body, n, at, stop = encode_json_upto(
                 batch, start_offset, max_records - count, extra=extra, sep=sep
@@ -91,7 +109,7 @@ def encode_json_within(
         except UnreadableRecordError:
             if not count:
                 raise
-            return Rendered(sep.join(parts), count, last, False, last + 1)
+            return Rendered(parts, sep, count, last, False, last + 1)
         if not n:
             continue
         if size + gap + len(body) > max_bytes and (n > 1 or count or not at_least_one):
@@ -105,14 +123,14 @@ def encode_json_within(
                 parts.append(body)
                 count += n
                 last = at
-            return Rendered(sep.join(parts), count, last, True)
+            return Rendered(parts, sep, count, last, True)
         parts.append(body)
         size += gap + len(body)
         count += n
         last = at
         if stop is not None:
-            return Rendered(sep.join(parts), count, last, False, stop)
-    return Rendered(sep.join(parts), count, last, False)
+            return Rendered(parts, sep, count, last, False, stop)
+    return Rendered(parts, sep, count, last, False)
 
 
 def _pieces(view: memoryview) -> Iterator[memoryview]:

@@ -67,14 +67,15 @@ def alternate(rounds: int) -> list[tuple[int, bool]]:
 
 
 def print_table(ratios: Sequence[Ratio]) -> None:
-    print(f"\n{'ratio':<64} {'median':>8} {'target':>8} {'met':>6}  rounds / note")
+    width = max([64, *(len(r.name) for r in ratios)])
+    print(f"\n{'ratio':<{width}} {'median':>8} {'target':>8} {'met':>6}  rounds / note")
     for r in ratios:
         met = {True: "met", False: "MISSED", None: "-"}[r.met]
         sign = "≤" if r.lower_is_better else "≥"
         unit = "" if r.unit == "x" else f" {r.unit}"
         rounds = ", ".join(f"{x:.3g}" for x in r.rounds)
         print(
-            f"{r.name:<64} {r.value:>8.3f} {sign}{r.target:>6g}{unit} {met:>6}"
+            f"{r.name:<{width}} {r.value:>8.3f} {sign}{r.target:>6g}{unit} {met:>6}"
             f"  [{rounds}] {r.note}",
             flush=True,
         )

@@ -41,6 +41,16 @@ Measurements, in ABBA rounds (:func:`benchmarks.ratios.alternate`):
    ``GET …/partitions/0/records?offset=o&max_records=1000`` decoded with ``orjson.loads``
    (following ``next_offset``), Redis ``XREAD COUNT 1000 STREAMS s <last id>`` decoded by
    hiredis into redis-py's answer (a list of ``(id, {field: value})``). Records/s.
+   Both clients block on their socket, in this thread: Logbus's
+   :class:`~benchmarks.blocking_http.BlockingConn` (the answer received into one buffer kept
+   for the connection, the body decoded from a view of it) against redis-py's blocking
+   client. Extra rows read Logbus with the raw asyncio client
+   (:class:`benchmarks.transactions.Conn`, under ``asyncio.run`` per read), with the standard
+   library's ``http.client``, and asking for the next page ahead. Every consume pass runs
+   with this process's heap frozen out of the cyclic garbage collector
+   (:func:`with_heap_frozen`): the collections a page's thousands of containers trigger would
+   otherwise walk the benchmark's own objects (≈ 46,000 after ``import benchmarks.redis_peer``,
+   ≈ 98,000 under :mod:`benchmarks.per_request`), a cost no consumer process has.
 
 The client's cost is part of each side's figure (the issue asks for it: a consumer pays for its
 decode). The client shares the 2 cores with both servers; each measurement's CPU seconds of the
@@ -53,6 +63,8 @@ import argparse
 import asyncio
 import datetime
 import functools
+import gc
+import http.client
 import json
 import os
 import platform
@@ -74,6 +86,7 @@ import orjson
 import redis
 
 from api.process import BrokerProcess, free_port
+from benchmarks.blocking_http import BlockingConn
 from benchmarks.ratios import Ratio, alternate, plot, print_table
 from benchmarks.transactions import Conn, cpu_seconds
 
@@ -199,6 +212,27 @@ def _measured(server_pid: int, run: Callable[[], int]) -> Pass:
     return Pass(records, seconds, time.process_time() - client0, cpu_seconds(server_pid) - server0)
 
 
+def with_heap_frozen(run: Callable[[], int]) -> int:
+    """``run()`` with every object this process holds now frozen out of the cyclic garbage
+    collector (``gc.freeze``), thawed after.
+
+    A consume pass allocates thousands of collector-tracked containers a page (orjson's dict
+    and ``headers`` list per record; hiredis's lists and redis-py's tuple and dict per entry),
+    and every full collection they trigger walks the whole heap — ≈ 46,000 objects after
+    ``import benchmarks.redis_peer`` (the broker's package, httpx, redis-py), ≈ 98,000 under
+    :mod:`benchmarks.per_request` — which a consumer process would not hold. Measured
+    (2026-11-27, a process that had started a broker, ≈ 51,000 objects): ``orjson.loads`` of a
+    1,000-record page, each result held until the next, ≈ 520 µs a page, ≈ 270 µs with the
+    heap frozen, ≈ 290 µs in a bare interpreter; in 4 alternating rounds (load 3-4) the
+    blocking client's ratio to redis-py was 1.03-2.55 unfrozen and 1.44-1.48 frozen. Frozen, a
+    client's figure is its own work; both sides get the same."""
+    gc.freeze()
+    try:
+        return run()
+    finally:
+        gc.unfreeze()
+
+
 def _values() -> list[dict[str, Any]]:
     value = orjson.Fragment(VALUE)
     return [{"value": value} for _ in range(RECORDS_PER_REQUEST)]
@@ -266,6 +300,48 @@ async def logbus_consume(port: int, topic: str, total: int) -> int:
             offset = doc["next_offset"]
     finally:
         await conn.close()
+    return got
+
+
+def _page_path(topic: str, offset: int) -> str:
+    return (
+        f"/v1/topics/{topic}/partitions/0/records?offset={offset}&max_records={RECORDS_PER_REQUEST}"
+    )
+
+
+def logbus_consume_blocking(port: int, topic: str, total: int) -> int:
+    """:func:`logbus_consume` on a blocking socket (:class:`BlockingConn`: each answer read
+    into one buffer kept for the connection, the body decoded from a view of it)."""
+    conn = BlockingConn(port)
+    offset = got = 0
+    try:
+        while offset < total:
+            status, body = conn.get(_page_path(topic, offset))
+            _check(status, bytes(body[:300]), topic)
+            doc = orjson.loads(body)
+            got += len(doc["records"])
+            offset = doc["next_offset"]
+    finally:
+        conn.close()
+    return got
+
+
+def logbus_consume_stdlib(port: int, topic: str, total: int) -> int:
+    """:func:`logbus_consume` on the standard library's blocking client
+    (``http.client.HTTPConnection``, one keep-alive connection)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60.0)
+    offset = got = 0
+    try:
+        while offset < total:
+            conn.request("GET", _page_path(topic, offset), headers={"Accept": "application/json"})
+            answer = conn.getresponse()
+            body = answer.read()
+            _check(answer.status, body, topic)
+            doc = orjson.loads(body)
+            got += len(doc["records"])
+            offset = doc["next_offset"]
+    finally:
+        conn.close()
     return got
 
 
@@ -493,8 +569,10 @@ def measure(
     """Start both servers in ``workdir``, measure, stop them; the ratios (Logbus / Redis).
 
     Rows: produce with acks=1 (the target's row), acks=all, and acks=1 against Redis fed by
-    raw hiredis (Redis's fastest Python client); consume one page at a time (the target's row)
-    and with the next page asked for ahead, each against redis-py and raw hiredis XREAD."""
+    raw hiredis (Redis's fastest Python client); consume one page at a time on a blocking
+    socket (the target's row), on the raw asyncio client, on ``http.client``, and with the next
+    page asked for ahead, against redis-py XREAD, and the blocking and ahead ones against raw
+    hiredis XREAD."""
     records = max(RECORDS_PER_REQUEST, records - records % RECORDS_PER_REQUEST)
     broker = BrokerProcess(workdir / "logbus").start()
     server = RedisProcess(workdir / "redis").start()
@@ -537,11 +615,17 @@ def measure(
         redis_fill(rport, STREAM_CONSUME, records)
 
         def reads(read_once: Callable[[], int]) -> Callable[[], int]:
-            return lambda: sum(read_once() for _ in range(CONSUME_READS))
+            return lambda: with_heap_frozen(lambda: sum(read_once() for _ in range(CONSUME_READS)))
 
         consumers: dict[str, Callable[[], Pass]] = {
             "logbus_page": lambda: _measured(
+                bpid, reads(lambda: logbus_consume_blocking(port, TOPIC_CONSUME, records))
+            ),
+            "logbus_asyncio": lambda: _measured(
                 bpid, reads(lambda: asyncio.run(logbus_consume(port, TOPIC_CONSUME, records)))
+            ),
+            "logbus_stdlib": lambda: _measured(
+                bpid, reads(lambda: logbus_consume_stdlib(port, TOPIC_CONSUME, records))
             ),
             "logbus_ahead": lambda: _measured(
                 bpid,
@@ -614,11 +698,26 @@ def measure(
                 "extra: Redis's fastest Python client",
             ),
             ratio(
-                "JSON consume by 1,000: Logbus+orjson / XREAD (redis-py+hiredis)",
+                "JSON consume by 1,000: Logbus blocking+orjson / XREAD (redis-py+hiredis)",
                 CONSUME_TARGET,
                 "c_logbus_page",
                 "c_redis_py",
-                f"one page at a time, {records:,} records x {CONSUME_READS}",
+                f"one page at a time, {records:,} records x {CONSUME_READS}; both clients"
+                " blocking, one connection",
+            ),
+            ratio(
+                "JSON consume by 1,000: Logbus asyncio+orjson / XREAD (redis-py)",
+                CONSUME_TARGET,
+                "c_logbus_asyncio",
+                "c_redis_py",
+                "extra: the raw asyncio client (the target row's before 2026-11-27)",
+            ),
+            ratio(
+                "JSON consume by 1,000: Logbus http.client+orjson / XREAD (redis-py)",
+                CONSUME_TARGET,
+                "c_logbus_stdlib",
+                "c_redis_py",
+                "extra: the standard library's client",
             ),
             ratio(
                 "JSON consume by 1,000, next page asked ahead / XREAD (redis-py)",
@@ -628,7 +727,7 @@ def measure(
                 "extra: Logbus-Next-Offset read before the body",
             ),
             ratio(
-                "JSON consume by 1,000: Logbus+orjson / XREAD (raw hiredis)",
+                "JSON consume by 1,000: Logbus blocking+orjson / XREAD (raw hiredis)",
                 CONSUME_TARGET,
                 "c_logbus_page",
                 "c_redis_raw",
@@ -648,7 +747,9 @@ def measure(
 
 
 _CONSUMERS = {
-    "c_logbus_page": "Logbus GET max_records=1000 + orjson.loads, one page at a time",
+    "c_logbus_page": "Logbus GET max_records=1000 + orjson.loads, blocking socket",
+    "c_logbus_asyncio": "Logbus GET max_records=1000 + orjson.loads, raw asyncio client",
+    "c_logbus_stdlib": "Logbus GET max_records=1000 + orjson.loads, http.client",
     "c_logbus_ahead": "Logbus GET max_records=1000 + orjson.loads, next page asked ahead",
     "c_redis_py": "XREAD COUNT 1000, redis-py + hiredis",
     "c_redis_raw": "XREAD COUNT 1000, raw hiredis",

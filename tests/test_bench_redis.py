@@ -35,9 +35,9 @@ def test_tiny_run_reports_every_ratio(tmp_path: Path) -> None:
     assert main([*argv, "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     ratios = doc["ratios"]
-    assert len(ratios) == 7
+    assert len(ratios) == 9
     targets = [r["target"] for r in ratios]
-    assert targets == [PRODUCE_TARGET] * 3 + [CONSUME_TARGET] * 4
+    assert targets == [PRODUCE_TARGET] * 3 + [CONSUME_TARGET] * 6
     for r in ratios:
         assert len(r["rounds"]) == 2 and all(x > 0 for x in r["rounds"])
         assert r["met"] == (r["value"] >= r["target"])
@@ -45,8 +45,9 @@ def test_tiny_run_reports_every_ratio(tmp_path: Path) -> None:
             passes = r["detail"][side]
             assert len(passes) == 2
             assert all(p["records"] > 0 and p["records"] % 1000 == 0 for p in passes)
-    consume = ratios[3]["detail"]
     read = 3000 * CONSUME_READS  # each pass reads the whole stream CONSUME_READS times
-    assert [p["records"] for p in consume["logbus"] + consume["redis"]] == [read] * 4
+    for consume in ratios[3:]:  # every Logbus client (blocking, asyncio, http.client, ahead)
+        passes = consume["detail"]["logbus"] + consume["detail"]["redis"]
+        assert [p["records"] for p in passes] == [read] * 4, consume["name"]
     tried = ratios[0]["detail"]["concurrency_tried"]
     assert set(tried["logbus"]) == set(tried["redis"]) == {"2"}  # the one candidate given

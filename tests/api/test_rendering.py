@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.rendering import encode_json_within
+from api.rendering import Rendered, encode_json_within
 from core_log.batch import Record, build_batch
 from core_log.compression import Compression
 from core_log.recordjson import encode_json
@@ -100,3 +101,29 @@ def test_a_compressible_log_renders_within_max_bytes(sep: bytes) -> None:
     assert r.full and r.count == 2  # 2 x 350 KB of base64 fit in 1 MiB, 3 do not
     assert len(r.body) <= 1024 * 1024
     assert r.next_offset(0) == 2
+
+
+@given(
+    st.lists(st.binary(min_size=1, max_size=20), max_size=5),
+    st.sampled_from([b",", b"\n"]),
+    st.binary(max_size=15),
+    st.binary(max_size=15),
+)
+def test_joined_is_head_body_tail(parts: list[bytes], sep: bytes, head: bytes, tail: bytes) -> None:
+    """What a fetch answers: the pieces joined once with the document's head and tail, byte
+    for byte what joining the body first gave."""
+    r = Rendered(parts, sep, len(parts), len(parts) - 1, False)
+    assert r.body == sep.join(parts)
+    assert r.joined(head, tail) == head + sep.join(parts) + tail
+
+
+def test_a_page_of_two_pieces_answers_as_one_document() -> None:
+    """A 1,000-record page of two batches (a JSON produce splits at 64 KiB): the fetch's
+    document holds every record once, in order."""
+    value = b'"' + b"v" * 98 + b'"'
+    data = build_batch([Record(value)] * 528) + build_batch([Record(value)] * 472, base_offset=528)
+    r = encode_json_within(data, 0, 1000, 1 << 20)
+    assert len(r.parts) == 2 and r.count == 1000
+    doc = orjson.loads(r.joined(b'{"records":[', b'],"next_offset":1000}'))
+    assert [x["offset"] for x in doc["records"]] == list(range(1000))
+    assert doc["records"][0]["value"] == "v" * 98

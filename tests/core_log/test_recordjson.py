@@ -209,6 +209,26 @@ def test_string_values_render_as_the_twin_renders_them(raws: list[bytes]) -> Non
         assert recordjson.is_json(raw) == is_json_py(raw), raw
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'"' + b"v" * 98 + b'"',  # a page of the benchmarks (a JSON string, copied)
+        b"\x01" * 100,  # text escaped as \u0001: 6x its stored bytes
+        bytes(range(256)),  # not UTF-8: base64
+    ],
+)
+@pytest.mark.parametrize(("start", "limit"), [(0, 1000), (0, 1), (990, 1000), (500, 3)])
+def test_large_sections_render_as_the_twin_renders_them(
+    value: bytes, start: int, limit: int
+) -> None:
+    """Pages of a 1,000-record batch, from its start, middle and end: the bytes are the
+    twin's (the output buffer grows many times over for these)."""
+    data = build_batch([Record(value, key=b"k%d" % i) for i in range(1000)])
+    got = encode_json(data, start, limit, encoder=C)
+    assert got == encode_json(data, start, limit, encoder=PY)
+    assert got[1] == min(limit, 1000 - start)
+
+
 def test_timestamps_log_append_time_and_create_time() -> None:
     rs = [Record(b"1", timestamp=100), Record(b"2", timestamp=250)]
     create = build_batch(rs)
