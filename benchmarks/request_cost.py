@@ -352,6 +352,8 @@ async def serve_http(
     :func:`api.server.uvicorn_config` configures it, the broker's protocol) on ``concurrency``
     in-memory connections: the server's cost too, no socket. ``cut="app"``: the bare ASGI
     app of :mod:`benchmarks.bare_asgi` on the same server instead of the broker."""
+    from email.utils import formatdate
+
     from uvicorn.server import ServerState
 
     from api.budgets import Budgets
@@ -368,6 +370,9 @@ async def serve_http(
         thresholds = gc.get_threshold()
         tune_gc()  # as the broker's server does
         state = ServerState()
+        # What uvicorn's server adds to every answer (its main loop sets them each second).
+        now = formatdate(usegmt=True).encode()
+        state.default_headers = [(b"date", now), *config.encoded_headers]
         head = (
             f"POST /v1/topics/{TOPIC}/records?acks={acks} HTTP/1.1\r\n"
             f"Host: 127.0.0.1:8080\r\nContent-Type: application/json\r\n"

@@ -84,6 +84,9 @@ NO_SEQUENCE = -1
 _INT64_MAX = 2**63 - 1
 
 
+_new_header = tuple.__new__
+
+
 class BatchHeader(NamedTuple):
     """A batch's 61-byte header, unpacked. A named tuple, not a frozen dataclass: one is built
     for every batch validated, scanned or stored, and a frozen dataclass of 13 fields costs
@@ -108,22 +111,10 @@ class BatchHeader(NamedTuple):
         return self.batch_length + LOG_OVERHEAD
 
     def at(self, base_offset: int, partition_leader_epoch: int) -> BatchHeader:
-        """This header as the leader stores it: new base offset and leader epoch."""
-        return BatchHeader(
-            base_offset,
-            self.batch_length,
-            partition_leader_epoch,
-            self.magic,
-            self.crc,
-            self.attributes,
-            self.last_offset_delta,
-            self.base_timestamp,
-            self.max_timestamp,
-            self.producer_id,
-            self.producer_epoch,
-            self.base_sequence,
-            self.record_count,
-        )
+        """This header as the leader stores it: new base offset and leader epoch. Built as
+        ``_make`` builds one (``tuple.__new__``), not through the class's Python ``__new__``
+        of 13 arguments: ≈ 0.2 against 0.5 µs (timeit), once for every batch a leader stores."""
+        return _new_header(BatchHeader, (base_offset, self[1], partition_leader_epoch, *self[3:]))
 
     @property
     def last_offset(self) -> int:
