@@ -33,6 +33,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 import crc32c as _crc32c
@@ -148,6 +149,42 @@ class BatchHeader(NamedTuple):
         if self.base_sequence == NO_SEQUENCE:
             return NO_SEQUENCE
         return (self.base_sequence + self.last_offset_delta) % (2**31)
+
+
+# Sums over many batches' headers by field position, in C (``map`` of an ``itemgetter``): a
+# gathered run of 64 one-record produces walked its headers about ten times over, each step a
+# Python property call (≈ 0.1 µs); these take ≈ 20 ns a header.
+_BATCH_LENGTH = itemgetter(1)
+_LAST_OFFSET_DELTA = itemgetter(6)
+_PRODUCER_ID = itemgetter(9)
+_RECORD_COUNT = itemgetter(12)
+
+
+def offsets_spanned(headers: Sequence[BatchHeader]) -> int:
+    """The offsets the batches take, back to back (each ``next_offset - base_offset``)."""
+    deltas: int = sum(map(_LAST_OFFSET_DELTA, headers))
+    return deltas + len(headers)
+
+
+def bytes_taken(headers: Sequence[BatchHeader]) -> int:
+    """The batches' stored size (each ``size_bytes``)."""
+    lengths: int = sum(map(_BATCH_LENGTH, headers))
+    return lengths + LOG_OVERHEAD * len(headers)
+
+
+def records_in(headers: Sequence[BatchHeader]) -> int:
+    """The batches' records (each ``record_count``)."""
+    return sum(map(_RECORD_COUNT, headers))
+
+
+def largest_batch(headers: Sequence[BatchHeader]) -> int:
+    """The largest batch's stored size (0 for none)."""
+    return max(map(_BATCH_LENGTH, headers), default=-LOG_OVERHEAD) + LOG_OVERHEAD
+
+
+def any_producer_id(headers: Sequence[BatchHeader]) -> bool:
+    """Whether any batch has a producer id (idempotent or transactional)."""
+    return max(map(_PRODUCER_ID, headers), default=-1) >= 0
 
 
 @dataclass(slots=True)

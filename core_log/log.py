@@ -58,11 +58,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .batch import (
+    LOG_OVERHEAD,
     PREFIX,
     PREFIX_BYTES,
     BatchHeader,
+    any_producer_id,
+    bytes_taken,
+    largest_batch,
+    offsets_spanned,
     parse_header,
     recompress,
+    records_in,
     restamp,
     split_batches,
 )
@@ -373,10 +379,7 @@ class PartitionLog:
         if self.config.log_append_time or self._target_compression() is not None:
             return False
         limit = self.config.max_message_bytes
-        for h in headers:  # noqa: SIM110 (a loop, not all(<generator>): every small produce asks)
-            if h.producer_id >= 0 or h.size_bytes > limit:
-                return False
-        return True
+        return not any_producer_id(headers) and largest_batch(headers) <= limit
 
     def try_append_split(
         self, view: memoryview, headers: list[BatchHeader], *, leader_epoch: int, durable: bool
@@ -474,7 +477,7 @@ class PartitionLog:
         active = self._segments[-1]
         if self._segment_expired(active):
             return True
-        span = sum(h.next_offset - h.base_offset for h in headers)
+        span = offsets_spanned(headers)
         last = headers[-1].last_offset if as_follower else self.log_end_offset + span - 1
         if not active.can_hold(last, size, self.config.segment_bytes):
             return True
@@ -506,11 +509,7 @@ class PartitionLog:
         batches = self._prepared(view, headers, append_time, as_follower)
         start = offset = self.log_end_offset
         first = headers[0].base_offset if as_follower else offset
-        end = (
-            headers[-1].next_offset
-            if as_follower
-            else start + sum(h.next_offset - h.base_offset for h in headers)
-        )
+        end = headers[-1].next_offset if as_follower else start + offsets_spanned(headers)
         sync_required = durable or end - self._recovery_point >= self.config.flush_messages
         if sync_required:
             # Before the write: whoever sees any of these batches in the log end also sees
@@ -529,7 +528,7 @@ class PartitionLog:
             base_offset=first,
             last_offset=offset - 1,
             batches=len(headers),
-            records=sum(h.record_count for h in headers),
+            records=records_in(headers),
             size_bytes=len(view),
             log_append_time_ms=append_time,
             sync_required=sync_required,
@@ -584,10 +583,11 @@ class PartitionLog:
     ) -> int | None:
         """Producer batches without a producer id, written to the active segment in one
         call; None (nothing written) when they would not all fit it or need more."""
-        if any(h.producer_id >= 0 for _, h in batches):
+        headers = [h for _, h in batches]
+        if any_producer_id(headers):
             return None
-        span = sum(h.next_offset - h.base_offset for _, h in batches)
-        size = sum(h.size_bytes for _, h in batches)
+        span = offsets_spanned(headers)
+        size = bytes_taken(headers)
         active = self._segments[-1]
         if (
             self._segment_expired(active)
@@ -607,7 +607,7 @@ class PartitionLog:
                     h.at(offset, leader_epoch),
                 )
             )
-            offset = h.next_offset - h.base_offset + offset
+            offset += h.last_offset_delta + 1
         active.append_many(placed)
         if self.epochs.assign(leader_epoch, placed[0][2].base_offset):
             self.epochs.store()
@@ -646,11 +646,13 @@ class PartitionLog:
         """Each batch as it will be stored (recompressed/restamped when the topic says so),
         checked against ``max.message.bytes`` — all before the first byte is written."""
         target = None if as_follower else self._target_compression()
+        limit = self.config.max_message_bytes
         out: list[tuple[memoryview, BatchHeader]] = []
         position = 0
         for h in headers:
-            raw = view[position : position + h.size_bytes]
-            position += h.size_bytes
+            size = h.batch_length + LOG_OVERHEAD  # h.size_bytes, without a property call
+            raw = view[position : position + size]
+            position += size
             if (
                 append_time >= 0 or (target is not None and target != h.compression)
             ) and not h.is_control:  # a marker is stored as built: uncompressed, stamped now
@@ -659,11 +661,11 @@ class PartitionLog:
                     converted = restamp(converted, append_time)
                 raw = memoryview(converted)
                 h = parse_header(raw)
-            if h.size_bytes > self.config.max_message_bytes:
+                size = h.size_bytes
+            if size > limit:
                 raise RecordTooLargeError(
-                    f"batch of {h.size_bytes} bytes exceeds max.message.bytes "
-                    f"{self.config.max_message_bytes}",
-                    max_message_bytes=self.config.max_message_bytes,
+                    f"batch of {size} bytes exceeds max.message.bytes {limit}",
+                    max_message_bytes=limit,
                 )
             out.append((raw, h))
         return out
@@ -673,7 +675,7 @@ class PartitionLog:
         answers with the original offsets and appends nothing; a sequence gap or a fenced epoch
         raises. An idempotent batch must be alone in its request, as a Kafka producer sends it.
         """
-        if not any(h.producer_id >= 0 for h in headers):
+        if not any_producer_id(headers):
             return None
         if len(headers) > 1:
             raise InvalidRecordError("an idempotent batch must be the only batch of its request")

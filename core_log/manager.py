@@ -59,7 +59,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import executors
-from .batch import BatchHeader, any_compressed, any_compressed_or_producer
+from .batch import (
+    BatchHeader,
+    any_compressed,
+    any_compressed_or_producer,
+    offsets_spanned,
+    records_in,
+)
 from .checkpoint import fsync_dir
 from .cleaner import DEFAULT_MAX_KEYS, CleanResult, cleaning_priority
 from .clock import Clock, SystemClock
@@ -201,8 +207,8 @@ def _answer_run(run: list[_Gathered], outcome: AppendResult | BaseException) -> 
             span = h.last_offset_delta + 1
             records = h.record_count
         else:
-            span = sum(h.next_offset - h.base_offset for h in headers)
-            records = sum(h.record_count for h in headers)
+            span = offsets_spanned(headers)
+            records = records_in(headers)
         if not g.future.done():
             g.future.set_result(
                 AppendResult(
@@ -403,7 +409,7 @@ class Partition:
         if len(run) == 1:
             view, headers = first.view, first.headers
         else:
-            view = memoryview(b"".join(g.view for g in run))
+            view = memoryview(b"".join([g.view for g in run]))
             headers = [h for g in run for h in g.headers]
         try:
             result = None

@@ -33,6 +33,7 @@ from .batch import (
     MAGIC,
     BatchHeader,
     Record,
+    bytes_taken,
     records_section,
     timestamp_ok,
     validate_batch,
@@ -163,7 +164,7 @@ class LogSegment:
             try:
                 for at in range(0, len(batches), _BATCHES_PER_WRITE):
                     chunk = batches[at : at + _BATCHES_PER_WRITE]
-                    total = sum(h.size_bytes for _, _, h in chunk)
+                    total = bytes_taken([h for _, _, h in chunk])
                     buffers = [b for prefix, body, _ in chunk for b in (prefix, body)]
                     written = fileio.ops.pwritev(fd, buffers, position)
                     if written < total:  # short write: finish the remainder
@@ -184,24 +185,27 @@ class LogSegment:
         position = start
         for _, _, h in batches:
             self._track(position, h)
-            position += h.size_bytes
+            position = self.size
 
     def _track(self, position: int, h: BatchHeader) -> None:
-        """Account for a batch at ``position`` in sizes, offsets and the indexes."""
-        self.size = position + h.size_bytes
-        self.next_offset = h.next_offset
+        """Account for a batch at ``position`` in sizes, offsets and the indexes. (Its fields
+        read directly, not through the header's properties: once for every batch appended.)"""
+        size = h.batch_length + LOG_OVERHEAD
+        last = h.base_offset + h.last_offset_delta
+        self.size = position + size
+        self.next_offset = last + 1
         if self.first_batch_ms == NO_TIMESTAMP:
             self.first_batch_ms = h.max_timestamp
             if self.rolling_base_ms == NO_TIMESTAMP:
                 self.rolling_base_ms = h.max_timestamp  # a recovery scan; appends override
         if h.max_timestamp > self.max_timestamp:
             self.max_timestamp = h.max_timestamp
-            self.offset_of_max_timestamp = h.last_offset
+            self.offset_of_max_timestamp = last
         if self._bytes_since_index >= self.index_interval_bytes or position == 0:
-            self.offset_index.append(h.last_offset, position)
+            self.offset_index.append(last, position)
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
             self._bytes_since_index = 0
-        self._bytes_since_index += h.size_bytes
+        self._bytes_since_index += size
 
     def _try_truncate(self, fd: int, position: int) -> bool:
         """Cut a failed write off; False if that failed too (recovery cuts the torn tail)."""
