@@ -538,6 +538,30 @@ def test_a_caller_far_below_its_quota_takes_the_quiet_path() -> None:
     assert took_quiet > 800  # of the 1,000 requests after the first 10 s
 
 
+def test_a_young_caller_takes_the_quiet_path_with_its_own_r() -> None:
+    """A client in its first seconds (as in every phase of benchmarks.per_request): RateLimit's
+    r moves with every request, yet most requests are quiet and answer what the full path
+    answers, r included."""
+    R = QuotaType.REQUEST_PERCENTAGE
+    configs = {E("u", "c"): {P: 1e12, R: 1e6}}
+    byte_res, time_res = resolve(configs, P, "u", "c"), resolve(configs, R, "u", "c")
+    quiet, full = QuotaSensors(), QuotaSensors()
+    meter, twin = quiet.meter(P, byte_res, time_res, 0), full.meter(P, byte_res, time_res, 0)
+    assert twin.byte_sensor is not None and twin.time_sensor is not None
+    took_quiet = 0
+    rs = set()
+    for now in range(0, 4_000, 2):
+        twin.byte_sensor.quiet_until = twin.time_sensor.quiet_until = 0
+        sensors = (meter.byte_sensor, meter.time_sensor)
+        took_quiet += all(s is not None and now < s.quiet_until for s in sensors)
+        got = quiet.charge(meter, 120, 30_000, now)
+        assert got == full.charge(twin, 120, 30_000, now)
+        rs.add(dict(got)[b"ratelimit"])
+    assert quiet.rates(4_000) == full.rates(4_000)
+    assert len(rs) > 1_900  # r moved with (nearly) every request: a young caller's
+    assert took_quiet > 1_900  # of 2,000: all but the first of each sample and LRU refresh
+
+
 def test_unlimited_and_request_time_records() -> None:
     sensors = QuotaSensors()
     free = sensors.record(C, resolve({}, C, "bob", "x"), 10**9, now_ms=0)
