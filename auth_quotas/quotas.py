@@ -841,7 +841,9 @@ class QuotaSensors:
         assert policy is not None  # else the floor is -inf: r is never computed
         fields.append(_NOT_THROTTLED)
         fields.append(policy)
-        r = quota if left >= quota else 0 if left <= 0 else int(left)
+        # r: left itself when between 0 and the quota (%d truncates it as the full path's
+        # int() does, without the call).
+        r = quota if left >= quota else left if left > 0 else 0
         fields.append((_RATE_LIMIT_FIELD, meter.rate_limit_format % r))
         return fields
 
