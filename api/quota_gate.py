@@ -436,16 +436,18 @@ def _metered(
     starts (an ``acks=all`` produce may wait many sample windows). Nothing but that one
     message is touched, and no frame of the gate's stays on the request's stack."""
     timed: _TimedPy | StepTimer | None = None
-    charge = quotas.sensors.charge
-    clock = quotas.clock
 
     def gated_send(message: Message) -> Awaitable[None]:
-        # Not a coroutine: the app awaits ``send``'s own.
+        # Not a coroutine: the app awaits ``send``'s own. (``quotas`` read here rather than
+        # its charge and clock captured: two cells fewer to make per request, ≈ 0.6k
+        # instructions, benchmarks.quota_charge.)
         if message["type"] == "http.response.start":
             value = 0 if message["status"] == 413 else body_bytes
             headers = [*message.get("headers", ())]
-            charge(meter, value, 0 if timed is None else timed.so_far(), clock(), headers)
-            message = {**message, "headers": headers}
+            handler_ns = 0 if timed is None else timed.so_far()
+            quotas.sensors.charge(meter, value, handler_ns, quotas.clock(), headers)
+            message = dict(message)  # the app's own message left as it was (≈ 0.5k fewer
+            message["headers"] = headers  # instructions than {**message, "headers": …})
         return send(message)
 
     handler = app(scope, receive, gated_send)
