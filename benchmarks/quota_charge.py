@@ -1,14 +1,15 @@
-"""What the quota costs a request at the front door, in instructions: :meth:`QuotaSensors.charge
-<auth_quotas.quotas.QuotaSensors.charge>` alone, and the whole gate (:func:`api.quota_gate.serve`).
+"""What the quota costs a request at the front door, in instructions: ``QuotaSensors.charge``
+(auth_quotas/quotas.py) alone, and the whole gate (``api.quota_gate.serve``).
 
     python -m benchmarks.quota_charge [--requests 20000]
 
 The benchmark's quota (:data:`benchmarks.auth.NEVER_THROTTLES`: producer bytes and request
-time) on one caller sending 120-byte requests, 5 a millisecond (about what one broker serves
-at 64 connections) on a simulated clock, for a *young* caller (its first 4 s, as in every phase
-of :mod:`benchmarks.per_request`, where RateLimit's r moves with every request) and an
-*established* one (after 20 s of history, r is the whole policy). Each count runs under
-callgrind with instrumentation on only around the measured loop:
+time) on one caller sending 120-byte requests, 5 a millisecond on a simulated clock (the
+secured broker of :mod:`benchmarks.per_request` serves 11-13 a millisecond; at either rate a
+1 s sample holds thousands of requests), for a *young* caller (its first ``requests / 5`` ms,
+4 s by default, as in every phase of :mod:`benchmarks.per_request`, where RateLimit's r moves
+with every request) and an *established* one (after 20 s of history, r is the whole policy).
+Each count runs under callgrind with instrumentation on only around the measured loop:
 
 * ``charge``: charge's own cost and its call (against the same loop calling a function that
   does nothing);

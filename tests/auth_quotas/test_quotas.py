@@ -480,6 +480,7 @@ def test_a_meter_charges_what_record_and_headers_say(
         max_size=120,
     ),
     shared=st.booleans(),
+    history_ms=st.sampled_from([0, 12_000]),
 )
 def test_the_quiet_path_answers_as_the_full_path(
     byte_type: QuotaType | None,
@@ -487,11 +488,14 @@ def test_the_quiet_path_answers_as_the_full_path(
     time_limit: float | None,
     steps: list[tuple[int, int, int]],
     shared: bool,
+    history_ms: int,
 ) -> None:
-    """charge with its quiet path (a caller far below its quota) against charge without it
+    """charge with its quiet path (a caller below its quota) against charge without it
     (the sensors' quiet state dropped before every request): the same fields, the same
     waits, the same measured rates; ``shared``: a second meter on the same sensors
-    (two clients of one user) charges in turn."""
+    (two clients of one user) charges in turn; ``history_ms``: the steps start young (r
+    moves with every request) or after that long of steady traffic (a span of history: r
+    is the whole policy when far from the quota)."""
     R = QuotaType.REQUEST_PERCENTAGE
     configs: dict[QuotaEntity, dict[QuotaType, float]] = {E("u"): {}}
     if byte_type is not None:
@@ -506,7 +510,8 @@ def test_the_quiet_path_answers_as_the_full_path(
     meters = [quiet.meter(byte_type, byte_res, time_res, 0) for _ in range(2 if shared else 1)]
     twins = [full.meter(byte_type, byte_res, time_res, 0) for _ in meters]
     now = 0
-    for i, (gap, size, handler_ns) in enumerate(steps):
+    steady = [(20, 10, 1000)] * (history_ms // 20)
+    for i, (gap, size, handler_ns) in enumerate(steady + steps):
         now += gap
         meter, twin = meters[i % len(meters)], twins[i % len(twins)]
         for s in (twin.byte_sensor, twin.time_sensor):
