@@ -214,7 +214,8 @@ def _http(
     """What serves an HTTP request: the app itself when no quota applies to the caller, the
     lean :func:`_metered` for the common case (no mutation, no fetch, a declared body, not
     throttled now), else :func:`_gated`. ``declared``: the body's declared size."""
-    kind = _kind(scope["method"], scope["path"])
+    method, path = scope["method"], scope["path"]
+    kind = _KINDS.get((method, path)) or _kind(method, path)  # _kind's memo, inlined
     if kind in ("produce", "other"):
         byte_type = P if kind == "produce" else None
         meter = quotas.meter(user, client, byte_type)
@@ -223,9 +224,13 @@ def _http(
         if byte_type is None:
             declared = 0
         if declared is not None:
-            now = quotas.clock()
-            # Owes no wait (QuotaSensors.owed, inlined: this is every request's path).
+            # Owes no wait (QuotaSensors.owed, inlined: this is every request's path): a
+            # sensor that never throttled (due 0) owes nothing on a clock that starts at 0,
+            # so the clock is read only for one that did.
             byte, time_ = meter.byte_sensor, meter.time_sensor
+            if (byte is None or not byte.due_ms) and (time_ is None or not time_.due_ms):
+                return _metered(quotas, meter, scope, receive, send, app, declared)
+            now = quotas.clock()
             if (byte is None or byte.due_ms <= now) and (time_ is None or time_.due_ms <= now):
                 return _metered(quotas, meter, scope, receive, send, app, declared)
     return _gated(
@@ -431,16 +436,18 @@ def _metered(
     starts (an ``acks=all`` produce may wait many sample windows). Nothing but that one
     message is touched, and no frame of the gate's stays on the request's stack."""
     timed: _TimedPy | StepTimer | None = None
-    charge = quotas.sensors.charge
-    clock = quotas.clock
 
     def gated_send(message: Message) -> Awaitable[None]:
-        # Not a coroutine: the app awaits ``send``'s own.
+        # Not a coroutine: the app awaits ``send``'s own. (``quotas`` read here rather than
+        # its charge and clock captured: two cells fewer to make per request, ≈ 0.6k
+        # instructions, benchmarks.quota_charge.)
         if message["type"] == "http.response.start":
             value = 0 if message["status"] == 413 else body_bytes
             headers = [*message.get("headers", ())]
-            charge(meter, value, 0 if timed is None else timed.so_far(), clock(), headers)
-            message = {**message, "headers": headers}
+            handler_ns = 0 if timed is None else timed.so_far()
+            quotas.sensors.charge(meter, value, handler_ns, quotas.clock(), headers)
+            message = dict(message)  # the app's own message left as it was (≈ 0.5k fewer
+            message["headers"] = headers  # instructions than {**message, "headers": …})
         return send(message)
 
     handler = app(scope, receive, gated_send)

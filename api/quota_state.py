@@ -31,7 +31,8 @@ LRU of the same size.
 :data:`METRICS_MAX_ENTITIES` most recently active sensors (Prometheus label cardinality stays
 bounded whatever the sensor cap).
 
-Every method takes its time from the injected ``clock`` (milliseconds, monotonic).
+Every method takes its time from the injected ``clock`` (milliseconds, monotonic, never
+negative: a sensor that never throttled, due at 0, owes nothing).
 """
 
 from __future__ import annotations

@@ -480,6 +480,7 @@ def test_a_meter_charges_what_record_and_headers_say(
         max_size=120,
     ),
     shared=st.booleans(),
+    history_ms=st.sampled_from([0, 12_000]),
 )
 def test_the_quiet_path_answers_as_the_full_path(
     byte_type: QuotaType | None,
@@ -487,11 +488,14 @@ def test_the_quiet_path_answers_as_the_full_path(
     time_limit: float | None,
     steps: list[tuple[int, int, int]],
     shared: bool,
+    history_ms: int,
 ) -> None:
-    """charge with its quiet path (a caller far below its quota) against charge without it
+    """charge with its quiet path (a caller below its quota) against charge without it
     (the sensors' quiet state dropped before every request): the same fields, the same
     waits, the same measured rates; ``shared``: a second meter on the same sensors
-    (two clients of one user) charges in turn."""
+    (two clients of one user) charges in turn; ``history_ms``: the steps start young (r
+    moves with every request) or after that long of steady traffic (a span of history: r
+    is the whole policy when far from the quota)."""
     R = QuotaType.REQUEST_PERCENTAGE
     configs: dict[QuotaEntity, dict[QuotaType, float]] = {E("u"): {}}
     if byte_type is not None:
@@ -506,7 +510,8 @@ def test_the_quiet_path_answers_as_the_full_path(
     meters = [quiet.meter(byte_type, byte_res, time_res, 0) for _ in range(2 if shared else 1)]
     twins = [full.meter(byte_type, byte_res, time_res, 0) for _ in meters]
     now = 0
-    for i, (gap, size, handler_ns) in enumerate(steps):
+    steady = [(20, 10, 1000)] * (history_ms // 20)
+    for i, (gap, size, handler_ns) in enumerate(steady + steps):
         now += gap
         meter, twin = meters[i % len(meters)], twins[i % len(twins)]
         for s in (twin.byte_sensor, twin.time_sensor):
@@ -536,6 +541,30 @@ def test_a_caller_far_below_its_quota_takes_the_quiet_path() -> None:
         assert quiet.charge(meter, 120, 30_000, now) == full.charge(twin, 120, 30_000, now)
     assert quiet.rates(20_000) == full.rates(20_000)
     assert took_quiet > 800  # of the 1,000 requests after the first 10 s
+
+
+def test_a_young_caller_takes_the_quiet_path_with_its_own_r() -> None:
+    """A client in its first seconds (as in every phase of benchmarks.per_request): RateLimit's
+    r moves with every request, yet most requests are quiet and answer what the full path
+    answers, r included."""
+    R = QuotaType.REQUEST_PERCENTAGE
+    configs = {E("u", "c"): {P: 1e12, R: 1e6}}
+    byte_res, time_res = resolve(configs, P, "u", "c"), resolve(configs, R, "u", "c")
+    quiet, full = QuotaSensors(), QuotaSensors()
+    meter, twin = quiet.meter(P, byte_res, time_res, 0), full.meter(P, byte_res, time_res, 0)
+    assert twin.byte_sensor is not None and twin.time_sensor is not None
+    took_quiet = 0
+    rs = set()
+    for now in range(0, 4_000, 2):
+        twin.byte_sensor.quiet_until = twin.time_sensor.quiet_until = 0
+        sensors = (meter.byte_sensor, meter.time_sensor)
+        took_quiet += all(s is not None and now < s.quiet_until for s in sensors)
+        got = quiet.charge(meter, 120, 30_000, now)
+        assert got == full.charge(twin, 120, 30_000, now)
+        rs.add(dict(got)[b"ratelimit"])
+    assert quiet.rates(4_000) == full.rates(4_000)
+    assert len(rs) > 1_900  # r moved with (nearly) every request: a young caller's
+    assert took_quiet > 1_900  # of 2,000: all but the first of each sample and LRU refresh
 
 
 def test_unlimited_and_request_time_records() -> None:
