@@ -29,8 +29,13 @@ Theory of operation
 * **Coalesced produce.** Forwarded produces to one partition (and acks level) that reach the
   forwarder in the same turn of the event loop go to the leader in one request
   (``/partition/produce-many``, up to :data:`FORWARD_GROUP_BYTES`), sent at the end of that
-  turn (``call_soon``): nothing waits for a timer or for another forward to finish, and any
-  number of forwards may be in flight. The leader appends each as if it had come alone (its
+  turn (``call_soon`` twice: two passes of the loop's ready queue, as the client requests one
+  read of the sockets brought reach the forwarder over two passes; with one pass 30 % of the
+  forwards carried a single produce, 17.5 on average, with two 5 % and 38 on average, under
+  64 connections of one-record produces): nothing waits for a timer or for another forward to
+  finish, and any number of forwards may be in flight. A forward costs ≈ 250 µs of CPU on the
+  two brokers together (HPACK and the ``h2`` state machine, in Python), so its produces share
+  that. The leader appends each as if it had come alone (its
   own append, started in arrival order, its own result or error), so the semantics are those
   of separate requests; what is shared is the h2 stream, whose cost (HPACK, the ``h2`` state
   machine, a task on each side) was most of both brokers' CPU per forwarded one-record
@@ -433,7 +438,8 @@ class Forwarder:
         waiting = self._produces.get(key)
         if waiting is None:
             waiting = self._produces[key] = []
-            loop.call_soon(self._send, key)
+            # Two passes of the ready queue, not one (module docstring, "Coalesced produce").
+            loop.call_soon(loop.call_soon, self._send, key)
         waiting.append((bytes(data), waiter))
         return await waiter
 
