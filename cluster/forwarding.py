@@ -181,6 +181,17 @@ def decode_error(d: dict[str, Any]) -> LogbusError:
     return e
 
 
+# The fields of an append's result on the wire: AppendResult's, all plain ints and bools.
+_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(AppendResult))
+
+
+def result_fields(result: AppendResult) -> dict[str, Any]:
+    """An append's result as the wire carries it: ``dataclasses.asdict`` without its deep copy
+    of every field (5.6 µs a result against 0.4, timeit; the leader answers one per forwarded
+    produce)."""
+    return {name: getattr(result, name) for name in _RESULT_FIELDS}
+
+
 def _unavailable(topic: str, partition: int) -> LogbusError:
     return LogbusError(
         f"{topic}-{partition} has no leader now (an election is under way): retry",
@@ -261,7 +272,7 @@ class PartitionService:
         )
         for listener in self.marker_listeners:
             listener(topic, partition, pid, commit)
-        return {"result": dataclasses.asdict(result)}
+        return {"result": result_fields(result)}
 
     async def _produce(
         self, topic: str, partition: int, header: dict[str, Any], payload: memoryview
@@ -273,7 +284,7 @@ class PartitionService:
             wait_for_isr=bool(header["acks_all"]),
             transactional=bool(header.get("transactional", False)),
         )
-        return {"result": dataclasses.asdict(result)}
+        return {"result": result_fields(result)}
 
     async def _produce_many(
         self, topic: str, partition: int, header: dict[str, Any], payload: memoryview
@@ -304,7 +315,7 @@ class PartitionService:
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
-                results.append({"result": dataclasses.asdict(outcome)})
+                results.append({"result": result_fields(outcome)})
         return {"results": results}
 
     async def _read(
