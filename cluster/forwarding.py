@@ -296,18 +296,16 @@ class PartitionService:
         sizes = [int(n) for n in header["sizes"]]
         if any(n <= 0 for n in sizes) or sum(sizes) != len(payload):
             raise ValueError(f"sizes {sum(sizes)} bytes, payload {len(payload)}")
-        acks_all = bool(header["acks_all"])
-        appends = []
+        views = []
         start = 0
         for n in sizes:
-            appends.append(
-                self.replicas.append(
-                    topic, partition, payload[start : start + n], wait_for_isr=acks_all
-                )
-            )
+            views.append(payload[start : start + n])
             start += n
+        outcomes = await self.replicas.append_many(
+            topic, partition, views, wait_for_isr=bool(header["acks_all"])
+        )
         results: list[dict[str, Any]] = []
-        for outcome in await asyncio.gather(*appends, return_exceptions=True):
+        for outcome in outcomes:
             if isinstance(outcome, LogbusError):
                 results.append(
                     error_header(outcome, retry_safe=isinstance(outcome, NotLeaderError))
