@@ -290,8 +290,9 @@ class PartitionService:
         self, topic: str, partition: int, header: dict[str, Any], payload: memoryview
     ) -> dict[str, Any]:
         """Several forwarded produces, each appended as if it had come alone (started in
-        order, concurrently, as separate requests would be): a result or an error each. Not
-        leading at all refuses the whole request (retry-safe: nothing was written)."""
+        order, concurrently, as separate requests would be; ``acks=all`` waits for the ISR
+        once for them all, :meth:`ReplicaManager.append_many`): a result or an error each.
+        Not leading at all refuses the whole request (retry-safe: nothing was written)."""
         self.replicas.leader_of(topic, partition)
         sizes = [int(n) for n in header["sizes"]]
         if any(n <= 0 for n in sizes) or sum(sizes) != len(payload):
