@@ -87,6 +87,12 @@ def load_average() -> float:
 # -- forwarded vs leader produce ---------------------------------------------------------------
 
 
+def _pid(cluster: Cluster, broker: int) -> int:
+    proc = cluster.brokers[broker].proc
+    assert proc is not None, f"broker {broker} is not running"
+    return proc.pid
+
+
 def _forward_pair(
     cluster: Cluster,
     topic: str,
@@ -107,12 +113,20 @@ def _forward_pair(
     p99: dict[str, list[float]] = {"leader": [], "forwarded": []}
     # CPU of all 3 brokers per request: less at the mercy of the machine's load than rates.
     cpu_us: dict[str, list[float]] = {"leader": [], "forwarded": []}
-    pids = [b.proc.pid for b in cluster.brokers.values() if b.proc is not None]
+    # ... and of each broker by its role (the partition's leader, the broker forwarding, the
+    # third): where a forwarded request's extra CPU goes.
+    third = next(i for i in cluster.urls if i not in (leader, other))
+    roles = {"leader": leader, "forwarder": other, "third": third}
+    pids_by_role = {role: _pid(cluster, broker) for role, broker in roles.items()}
+    by_role: dict[str, dict[str, list[float]]] = {
+        side: {role: [] for role in roles} for side in ("leader", "forwarded")
+    }
     ratios = []
     for _, leader_first in alternate(rounds):
         got: dict[str, float] = {}
         for side in ("leader", "forwarded") if leader_first else ("forwarded", "leader"):
-            cpu0 = sum(cpu_seconds(pid) for pid in pids)
+            cpu0_by_role = {role: cpu_seconds(pid) for role, pid in pids_by_role.items()}
+            cpu0 = sum(cpu0_by_role.values())
             r = run_wrk(
                 urls[side] + path,
                 workdir,
@@ -121,22 +135,32 @@ def _forward_pair(
                 method="POST",
                 body=body,
             )
-            cpu = sum(cpu_seconds(pid) for pid in pids) - cpu0
+            cpu1_by_role = {role: cpu_seconds(pid) for role, pid in pids_by_role.items()}
+            cpu = sum(cpu1_by_role.values()) - cpu0
             got[side] = r.requests_per_s * records
             per_side[side].append(got[side])
-            cpu_us[side].append(cpu / (r.requests_per_s * seconds) * 1e6)
+            requests = r.requests_per_s * seconds
+            cpu_us[side].append(cpu / requests * 1e6)
+            for role in roles:
+                spent = cpu1_by_role[role] - cpu0_by_role[role]
+                by_role[side][role].append(spent / requests * 1e6)
             p99[side].append(r.latency_p99_ms)
         ratios.append(got["forwarded"] / got["leader"])
         print(
             f"  {topic}: leader {got['leader']:,.0f}, forwarded {got['forwarded']:,.0f} "
             f"records/s → {ratios[-1]:.2f}; CPU of the brokers {cpu_us['leader'][-1]:,.0f} vs "
-            f"{cpu_us['forwarded'][-1]:,.0f} µs/request (load {load_average():.1f})",
+            f"{cpu_us['forwarded'][-1]:,.0f} µs/request (load {load_average():.1f}); "
+            + "; ".join(
+                f"{side}: " + ", ".join(f"{role} {v[-1]:,.0f}" for role, v in by_role[side].items())
+                for side in ("leader", "forwarded")
+            ),
             flush=True,
         )
     detail = {
         "records_per_s": per_side,
         "p99_ms": p99,
         "brokers_cpu_us_per_request": cpu_us,
+        "broker_cpu_us_per_request_by_role": by_role,
         "leader": leader,
         "forwarded_via": other,
         "connections": connections,
@@ -166,6 +190,10 @@ def measure_cluster(rounds: int, seconds: float, workdir: Path) -> list[Ratio]:
             leader = statistics.median(detail["records_per_s"]["leader"])
             forwarded = statistics.median(detail["records_per_s"]["forwarded"])
             cpu = {k: statistics.median(v) for k, v in detail["brokers_cpu_us_per_request"].items()}
+            by_role = {
+                side: "/".join(f"{statistics.median(v):,.0f}" for v in roles.values())
+                for side, roles in detail["broker_cpu_us_per_request_by_role"].items()
+            }
             out.append(
                 Ratio(
                     f"forwarded / leader produce, {label}, RF=3 acks=all",
@@ -174,7 +202,8 @@ def measure_cluster(rounds: int, seconds: float, workdir: Path) -> list[Ratio]:
                     "produce sent to a follower (forwarded over h2c)",
                     "the same produce sent to the leader",
                     note=f"{connections} conns; {forwarded:,.0f} vs {leader:,.0f} records/s; "
-                    f"brokers' CPU {cpu['forwarded']:,.0f} vs {cpu['leader']:,.0f} µs/request",
+                    f"brokers' CPU {cpu['forwarded']:,.0f} vs {cpu['leader']:,.0f} µs/request "
+                    f"(leader/forwarder/third {by_role['forwarded']} vs {by_role['leader']})",
                     detail=detail,
                 )
             )

@@ -29,8 +29,13 @@ Theory of operation
 * **Coalesced produce.** Forwarded produces to one partition (and acks level) that reach the
   forwarder in the same turn of the event loop go to the leader in one request
   (``/partition/produce-many``, up to :data:`FORWARD_GROUP_BYTES`), sent at the end of that
-  turn (``call_soon``): nothing waits for a timer or for another forward to finish, and any
-  number of forwards may be in flight. The leader appends each as if it had come alone (its
+  turn (``call_soon`` twice: two passes of the loop's ready queue, as the client requests one
+  read of the sockets brought reach the forwarder over two passes; with one pass 30 % of the
+  forwards carried a single produce, 17.5 on average, with two 5 % and 38 on average, under
+  64 connections of one-record produces): nothing waits for a timer or for another forward to
+  finish, and any number of forwards may be in flight. A forward costs ≈ 250 µs of CPU on the
+  two brokers together (HPACK and the ``h2`` state machine, in Python), so its produces share
+  that. The leader appends each as if it had come alone (its
   own append, started in arrival order, its own result or error), so the semantics are those
   of separate requests; what is shared is the h2 stream, whose cost (HPACK, the ``h2`` state
   machine, a task on each side) was most of both brokers' CPU per forwarded one-record
@@ -176,6 +181,17 @@ def decode_error(d: dict[str, Any]) -> LogbusError:
     return e
 
 
+# The fields of an append's result on the wire: AppendResult's, all plain ints and bools.
+_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(AppendResult))
+
+
+def result_fields(result: AppendResult) -> dict[str, Any]:
+    """An append's result as the wire carries it: ``dataclasses.asdict`` without its deep copy
+    of every field (5.6 µs a result against 0.4, timeit; the leader answers one per forwarded
+    produce)."""
+    return {name: getattr(result, name) for name in _RESULT_FIELDS}
+
+
 def _unavailable(topic: str, partition: int) -> LogbusError:
     return LogbusError(
         f"{topic}-{partition} has no leader now (an election is under way): retry",
@@ -256,7 +272,7 @@ class PartitionService:
         )
         for listener in self.marker_listeners:
             listener(topic, partition, pid, commit)
-        return {"result": dataclasses.asdict(result)}
+        return {"result": result_fields(result)}
 
     async def _produce(
         self, topic: str, partition: int, header: dict[str, Any], payload: memoryview
@@ -268,30 +284,29 @@ class PartitionService:
             wait_for_isr=bool(header["acks_all"]),
             transactional=bool(header.get("transactional", False)),
         )
-        return {"result": dataclasses.asdict(result)}
+        return {"result": result_fields(result)}
 
     async def _produce_many(
         self, topic: str, partition: int, header: dict[str, Any], payload: memoryview
     ) -> dict[str, Any]:
         """Several forwarded produces, each appended as if it had come alone (started in
-        order, concurrently, as separate requests would be): a result or an error each. Not
-        leading at all refuses the whole request (retry-safe: nothing was written)."""
+        order, concurrently, as separate requests would be; ``acks=all`` waits for the ISR
+        once for them all, :meth:`ReplicaManager.append_many`): a result or an error each.
+        Not leading at all refuses the whole request (retry-safe: nothing was written)."""
         self.replicas.leader_of(topic, partition)
         sizes = [int(n) for n in header["sizes"]]
         if any(n <= 0 for n in sizes) or sum(sizes) != len(payload):
             raise ValueError(f"sizes {sum(sizes)} bytes, payload {len(payload)}")
-        acks_all = bool(header["acks_all"])
-        appends = []
+        views = []
         start = 0
         for n in sizes:
-            appends.append(
-                self.replicas.append(
-                    topic, partition, payload[start : start + n], wait_for_isr=acks_all
-                )
-            )
+            views.append(payload[start : start + n])
             start += n
+        outcomes = await self.replicas.append_many(
+            topic, partition, views, wait_for_isr=bool(header["acks_all"])
+        )
         results: list[dict[str, Any]] = []
-        for outcome in await asyncio.gather(*appends, return_exceptions=True):
+        for outcome in outcomes:
             if isinstance(outcome, LogbusError):
                 results.append(
                     error_header(outcome, retry_safe=isinstance(outcome, NotLeaderError))
@@ -299,7 +314,7 @@ class PartitionService:
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
-                results.append({"result": dataclasses.asdict(outcome)})
+                results.append({"result": result_fields(outcome)})
         return {"results": results}
 
     async def _read(
@@ -433,7 +448,8 @@ class Forwarder:
         waiting = self._produces.get(key)
         if waiting is None:
             waiting = self._produces[key] = []
-            loop.call_soon(self._send, key)
+            # Two passes of the ready queue, not one (module docstring, "Coalesced produce").
+            loop.call_soon(loop.call_soon, self._send, key)
         waiting.append((bytes(data), waiter))
         return await waiter
 

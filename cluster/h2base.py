@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -58,6 +59,8 @@ H2_MAX_FRAME_BYTES = 2**24 - 1
 H2_DEFAULT_WINDOW_BYTES = 65_535
 
 Body = bytes | list[bytes | memoryview]
+# asyncio's own transports gather ``writelines`` without copying from Python 3.12 on.
+_VECTORED_WRITES = sys.version_info >= (3, 12)
 
 
 @dataclass(frozen=True)
@@ -179,12 +182,14 @@ class H2Protocol(asyncio.BufferedProtocol):
         # a stream ending, the connection closing.
         self._progress: asyncio.Future[None] = self._loop.create_future()
         self._client_side = client_side
+        self._vectored = _VECTORED_WRITES
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses: no isinstance check.
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
+        self._vectored = _VECTORED_WRITES or type(transport).__module__.startswith("uvloop")
         transport.set_write_buffer_limits(
             high=self.limits.write_buffer_high_bytes, low=self.limits.write_buffer_low_bytes
         )
@@ -255,12 +260,21 @@ class H2Protocol(asyncio.BufferedProtocol):
         return None if self.transport is None else self.transport.get_extra_info("peername")
 
     def flush(self) -> None:
-        # One write per piece: asyncio's writelines joins (copies) before Python 3.12, and
-        # write() sends a memoryview as is when the socket takes it.
+        """Write what ``h2`` queued: one ``writelines`` (one ``writev``, no copy) where the
+        transport gathers without copying (uvloop's, asyncio's from Python 3.12), else one
+        ``write`` per piece (asyncio's ``writelines`` joins, i.e. copies, a body before 3.12).
+
+        uvloop sends each ``write`` at once when its buffer is empty: a frame's pieces written
+        one by one were one ``send`` each, and the peer could wake for each of them."""
         out = self.h2.take_output()
         if out and not self.closed and self.transport is not None:
-            for piece in out:
-                self.transport.write(piece)
+            if len(out) == 1:
+                self.transport.write(out[0])
+            elif self._vectored:
+                self.transport.writelines(out)
+            else:
+                for piece in out:
+                    self.transport.write(piece)
 
     def abort(self) -> None:
         """Drop the connection at once (no graceful close)."""
@@ -308,24 +322,33 @@ class H2Protocol(asyncio.BufferedProtocol):
 
         Waits for the transport to drain and for the peer's windows, never sends more than the
         peer allows. Returns False if the stream ended meanwhile (``is_done`` or a reset by the
-        peer); raises :class:`H2TransportError` if the connection closed or stalled."""
+        peer); raises :class:`H2TransportError` if the connection closed or stalled.
+
+        The caller need not flush the stream's HEADERS first: they go out with the first DATA
+        frame in one write, or before any wait here (a small request or answer is then one
+        ``writev``, and the peer wakes once for it, not for its HEADERS and again for its
+        body)."""
         chunk_cap = self.limits.send_chunk_bytes
         views = [memoryview(p).cast("B") for p in parts if len(p)]
         total = sum(len(v) for v in views)
         sent = index = offset = 0  # bytes sent; position: views[index][offset]
         while sent < total:
             if not self._writable.is_set():
+                self.flush()
                 await self._wait_progress(self._writable.wait())
             if self.closed:
                 raise H2TransportError("connection closed while sending")
             if is_done():
+                self.flush()
                 return False
             try:
                 window = self.h2.local_flow_control_window(stream_id)
             except h2.exceptions.StreamClosedError:
+                self.flush()
                 return False
             n = min(total - sent, window, self.h2.max_outbound_frame_size, chunk_cap)
             if n <= 0:
+                self.flush()
                 await self._wait_progress(asyncio.shield(self._progress))
                 continue
             frame: list[memoryview] = []
@@ -341,6 +364,7 @@ class H2Protocol(asyncio.BufferedProtocol):
             try:
                 self.h2.send_payload(stream_id, frame, end_stream=sent + n == total)
             except h2.exceptions.StreamClosedError:
+                self.flush()
                 return False
             sent += n
             self.flush()
@@ -349,6 +373,7 @@ class H2Protocol(asyncio.BufferedProtocol):
             try:
                 self.h2.end_stream(stream_id)
             except h2.exceptions.StreamClosedError:
+                self.flush()
                 return False
             self.flush()
         return True

@@ -128,9 +128,10 @@ class _ClientConnection(H2Protocol):
                 if body:
                     request_headers.append(("content-length", str(len(body))))
                 self.h2.send_headers(sid, request_headers, end_stream=not body)
-                self.flush()
-                if body:
+                if body:  # the HEADERS go out with the body (send_body)
                     await self.send_body(sid, [body], stream.response.done)
+                else:
+                    self.flush()
                 return await stream.response
             finally:
                 self._streams.pop(sid, None)

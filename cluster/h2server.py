@@ -257,9 +257,10 @@ class _ServerConnection(H2Protocol):
             log.exception("h2 handler returned invalid headers for %s", sid)
             self.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
             return
-        self.flush()
-        if response.body_bytes:
+        if response.body_bytes:  # the HEADERS go out with the body (send_body)
             await self.send_body(sid, parts, lambda: sid not in self._streams)
+        else:
+            self.flush()
 
     # -- closing ---------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -220,6 +220,9 @@ class ReplicaManager:
         self.metadata_version = -1
         self._configs: dict[str, dict[str, Any]] = {}
         self._appended = asyncio.Event()  # replaced after every leader append
+        # Leaders whose grouped appends (append_many) finished in this pass of the loop: the
+        # fetches are woken and the high watermark advanced once for them, at its end.
+        self._settling: dict[int, Leading] = {}
         self._fetchers: dict[int, asyncio.Task[None]] = {}
         self._fetcher_wake: dict[int, asyncio.Event] = {}
         self._clients: dict[int, H2Client] = {}
@@ -453,6 +456,58 @@ class ReplicaManager:
             await self._wait_committed(leading, result.last_offset + 1)
         return result
 
+    async def append_many(
+        self, topic: str, partition: int, datas: list[memoryview], *, wait_for_isr: bool
+    ) -> list[AppendResult | BaseException]:
+        """Several producers' appends to one partition (a forwarding broker's group), each as
+        :meth:`append` would do it alone — started in order and concurrently, with its own
+        leadership and ISR checks, its own result or error — but, with ``wait_for_isr``,
+        waiting for the ISR together (:meth:`_wait_all_committed`): per append, that wait
+        was a timer, an event wait and a wake-up, ≈ 12 % of the leader's CPU per forwarded
+        one-record produce (cProfile, CPU clock)."""
+        tasks = [self._append_unconfirmed(topic, partition, d, wait_for_isr) for d in datas]
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        outcomes: list[AppendResult | BaseException] = []
+        waits: dict[int, tuple[Leading, dict[int, int]]] = {}
+        for i, one in enumerate(done):
+            if isinstance(one, BaseException):
+                outcomes.append(one)
+                continue
+            result, leading = one
+            outcomes.append(result)
+            if wait_for_isr:  # a duplicate too, as in append
+                waits.setdefault(id(leading), (leading, {}))[1][i] = result.last_offset + 1
+        for leading, ends in waits.values():  # one leading, unless it changed meanwhile
+            await self._wait_all_committed(leading, ends, outcomes)
+        return outcomes
+
+    async def _append_unconfirmed(
+        self, topic: str, partition: int, data: memoryview, wait_for_isr: bool
+    ) -> tuple[AppendResult, Leading]:
+        """:meth:`append` of a non-transactional produce up to the wait for the ISR."""
+        leading = self.leader_of(topic, partition)
+        replica = leading.replica
+        if wait_for_isr:
+            _check_enough_replicas(topic, partition, replica)
+        result = await leading.partition.append(
+            data, leader_epoch=replica.leader_epoch, durable=leading.fsync and wait_for_isr
+        )
+        if not result.duplicate:
+            leading.appended(result.base_offset, result.size_bytes)
+        if not self._settling:
+            asyncio.get_running_loop().call_soon(self._settle)
+        self._settling[id(leading)] = leading
+        return result, leading
+
+    def _settle(self) -> None:
+        """What :meth:`append` does after each append, once for the grouped appends of a pass
+        (a group's appends are answered together, by one run): per append it was ≈ 5 % of the
+        leader's CPU per forwarded produce (cProfile, CPU clock)."""
+        settling, self._settling = self._settling, {}
+        self._wake_fetches()
+        for leading in settling.values():
+            self._advance(leading)
+
     async def append_marker(
         self,
         topic: str,
@@ -485,31 +540,69 @@ class ReplicaManager:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.request_timeout_ms / 1000
         while True:
-            if not leading.active or self._lease_lapsed():
-                raise LogbusError(
-                    "leadership moved before the in-sync replicas had the records; they may "
-                    "or may not be kept: retry (an idempotent producer's retry is safe)",
-                    code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                )
+            lost = self._leadership_lost(leading)
+            if lost is not None:
+                raise lost
             if leading.partition.high_watermark >= offset:
                 return
-            if not leading.replica.enough_replicas:
-                raise LogbusError(
-                    "the in-sync replicas fell below min.insync.replicas after the append",
-                    code=ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                    isr=list(leading.replica.isr),
-                )
             remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise LogbusError(
-                    f"the in-sync replicas did not confirm within {self.config.request_timeout_ms}"
-                    " ms",
-                    code=ErrorCode.REQUEST_TIMED_OUT,
-                )
+            stalled = self._commit_stalled(leading, remaining)
+            if stalled is not None:
+                raise stalled
             changed = leading.changed
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(remaining, 0.25)):
                     await changed.wait()
+
+    async def _wait_all_committed(
+        self, leading: Leading, ends: dict[int, int], outcomes: list[AppendResult | BaseException]
+    ) -> None:
+        """:meth:`_wait_committed` for several appends at once (index in ``outcomes`` -> the
+        offset it waits for): the same checks in the same order at each wake-up, each append
+        done when the high watermark passes it, the rest given the error that ends the wait.
+        One timer and one wake-up per change, not one per append."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_ms / 1000
+        while ends:
+            error = self._leadership_lost(leading)
+            remaining = deadline - loop.time()
+            if error is None:
+                hw = leading.partition.high_watermark
+                ends = {i: end for i, end in ends.items() if end > hw}
+                if not ends:
+                    return
+                error = self._commit_stalled(leading, remaining)
+            if error is not None:
+                for i in ends:
+                    outcomes[i] = error
+                return
+            changed = leading.changed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(remaining, 0.25)):
+                    await changed.wait()
+
+    def _leadership_lost(self, leading: Leading) -> LogbusError | None:
+        if not leading.active or self._lease_lapsed():
+            return LogbusError(
+                "leadership moved before the in-sync replicas had the records; they may "
+                "or may not be kept: retry (an idempotent producer's retry is safe)",
+                code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+            )
+        return None
+
+    def _commit_stalled(self, leading: Leading, remaining_s: float) -> LogbusError | None:
+        if not leading.replica.enough_replicas:
+            return LogbusError(
+                "the in-sync replicas fell below min.insync.replicas after the append",
+                code=ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                isr=list(leading.replica.isr),
+            )
+        if remaining_s <= 0:
+            return LogbusError(
+                f"the in-sync replicas did not confirm within {self.config.request_timeout_ms} ms",
+                code=ErrorCode.REQUEST_TIMED_OUT,
+            )
+        return None
 
     def _advance(self, leading: Leading) -> None:
         log_ = leading.partition.log

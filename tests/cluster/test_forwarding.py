@@ -449,3 +449,39 @@ def test_websocket_through_a_broker_without_a_replica_streams_new_records(
 
     got = asyncio.run(main())
     assert got == [(start, "ws-1"), (start + 1, "ws-2"), (start + 2, "ws-3")]
+
+
+def test_concurrent_forwarded_produces_each_get_their_own_committed_offset(
+    cluster: tuple[str, dict[int, str]],
+) -> None:
+    """Many acks=all produces reaching a follower and a broker without a replica at once go to
+    the leader in groups (``/partition/produce-many``), appended and waited for together
+    (``ReplicaManager.append_many``): each is still answered its own offset, once committed."""
+    url, urls = cluster
+    leader, follower, outsider = _roles(url, urls, 2)
+    before = _fetch(leader, 2, 0).json()["high_watermark"]
+    values = [f"group-{i}" for i in range(40)]
+
+    async def send_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return list(
+                await asyncio.gather(
+                    *(
+                        client.post(
+                            f"{(follower, outsider)[i % 2]}/v1/topics/{TOPIC}/partitions/2/records",
+                            params={"acks": "all"},
+                            json={"records": [{"value": v}]},
+                        )
+                        for i, v in enumerate(values)
+                    )
+                )
+            )
+
+    answers = asyncio.run(send_all())
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    offsets = [r.json()["offsets"][0]["offset"] for r in answers]
+    assert sorted(offsets) == list(range(before, before + len(values)))
+    read = _fetch(leader, 2, before).json()
+    assert read["high_watermark"] >= before + len(values)  # acknowledged: committed
+    by_offset = {rec["offset"]: rec["value"] for rec in read["records"]}
+    assert [by_offset[o] for o in offsets] == values
