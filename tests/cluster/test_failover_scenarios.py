@@ -528,7 +528,13 @@ def test_unclean_election_off_keeps_the_partition_offline_on_allows_it_and_count
             assert r.status_code in (421, 503), r.text
             body = r.json()
             assert body["retriable"] is True, body
-            assert body["code"] in ("NOT_LEADER_OR_FOLLOWER", "LEADER_NOT_AVAILABLE"), body
+            # NETWORK_EXCEPTION: the broker had not yet polled the store since it resumed and
+            # forwarded to the leader it knew, which is dead (1 run in 4 or so).
+            assert body["code"] in (
+                "NOT_LEADER_OR_FOLLOWER",
+                "LEADER_NOT_AVAILABLE",
+                "NETWORK_EXCEPTION",
+            ), body
         time.sleep(0.2)  # pacing the observations, not synchronisation
     assert partitions(c.http(stale), "u")[0]["unclean_elections"] == 0
 

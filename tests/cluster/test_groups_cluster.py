@@ -18,7 +18,13 @@ import pytest
 import api.process
 from tests.server import BrokerProcess
 
-from .test_cluster_processes import _row, brokers_on_one_store, eventually, post_until_acknowledged
+from .test_cluster_processes import (
+    _row,
+    brokers_on_one_store,
+    eventually,
+    knows_topic,
+    post_until_acknowledged,
+)
 
 TOPIC = "views"
 OFFSETS_PARTITIONS = 4  # the coordinator's default for __consumer_offsets
@@ -204,6 +210,10 @@ def _failover_setup(url: str, brokers: dict[int, BrokerProcess]) -> tuple[str, i
         timeout=15,
     )
     assert r.status_code == 201, r.text
+    # Every broker must know the topic before a member joins: the group's coordinator (another
+    # broker) refused the join with 4404 unknown topic when it had not polled the store yet.
+    for b in brokers.values():
+        eventually(functools.partial(knows_topic, b.url, WS_TOPIC), f"{b.url} knows {WS_TOPIC}")
     group, victim = _ws_group(_leaders(url), not_on=1)
     return group, victim, [b.url for i, b in brokers.items() if i != victim]
 
