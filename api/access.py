@@ -66,6 +66,7 @@ from auth_quotas.errors import (
 from cluster.interbroker import HEADER as CREDENTIAL_HEADER
 from core_log.errors import ErrorCode, LogbusError, UnknownTopicOrPartitionError
 
+from .guard import request_headers
 from .problems import PROBLEM_JSON, problem_bytes
 from .security import ANONYMOUS_IDENTITY, PRINCIPAL_HEADER, PRINCIPAL_TOPICS_HEADER, Security
 
@@ -78,6 +79,7 @@ _PRINCIPAL_TOPICS = PRINCIPAL_TOPICS_HEADER.encode()
 _BROKER_ONLY: Final = frozenset({_PRINCIPAL, _PRINCIPAL_TOPICS, b"logbus-forwarded-by"})
 # What only a broker sends: a request carrying any of these is decided by Access.check.
 _FROM_A_BROKER: Final = _BROKER_ONLY | {_CREDENTIAL}
+_FROM_A_BROKER_NAMES: Final = frozenset(n.decode("latin-1") for n in _FROM_A_BROKER)
 
 
 class Kind(enum.Enum):
@@ -382,17 +384,16 @@ class Access:
         security = self.security
         if security is None or scope["type"] != "http":
             return False
-        raw: bytes | None = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                raw = value
-            elif name in _FROM_A_BROKER:
-                return False
+        # The request's headers as the front door decoded them once (the last of a repeated
+        # one, as the loop over the raw list this replaced kept).
+        headers = request_headers(scope)
+        if not _FROM_A_BROKER_NAMES.isdisjoint(headers):
+            return False
         method: str = scope["method"]
         path: str = scope["path"]
-        if not raw:
+        authorization = headers.get("authorization")
+        if not authorization:
             return _matched(method, path)[0].kind is Kind.PUBLIC
-        authorization = raw.decode("latin-1")
         identity = security.admitted(authorization, method, path)
         if identity is None:
             rule, _, resource = _matched(method, path)

@@ -5,13 +5,17 @@ without a server or a network.
     python -m benchmarks.request_cost --callgrind      # instructions per request (valgrind)
     python -m benchmarks.request_cost --fetch [--requests 2000] [--callgrind]
     python -m benchmarks.request_cost --callgrind --auth quota   # the secured broker
+    python -m benchmarks.request_cost --server [--cut app] [--auth quota] [--callgrind]
 
 The whole ASGI app (:func:`api.app.create_app`: the front door, produce, the log) serves
 ``--requests`` one-record JSON produces (a 100-byte value, ``POST /v1/topics/{TOPIC}/records``) from
 ``--concurrency`` concurrent callers in this process: each caller hands the app an ASGI scope
 and body as uvicorn would and waits for the answer. What a server adds (HTTP parsing, the
 socket) is left out: :mod:`benchmarks.bare_asgi` measures that side by side in
-:mod:`benchmarks.per_request`.
+:mod:`benchmarks.per_request`. With ``--server`` each produce goes as HTTP/1.1 bytes through
+the broker's server instead (uvicorn as :func:`api.server.uvicorn_config` sets it up, the
+broker's protocol, uvloop) on ``--concurrency`` in-memory connections (:func:`serve_http`);
+``--server --cut app`` serves the bare app of :mod:`benchmarks.bare_asgi` there.
 
 With ``--fetch`` the app first stores ``FETCH_RECORDS`` records of a 100-byte value (1,000
 per produce, as :mod:`benchmarks.redis_peer` does), then serves ``--requests`` fetches of
@@ -345,13 +349,19 @@ class _Wire(asyncio.Transport):
 
 
 async def serve_http(
-    requests: int, concurrency: int, acks: str, instrument: bool, cut: str = "none"
+    requests: int,
+    concurrency: int,
+    acks: str,
+    instrument: bool,
+    cut: str = "none",
+    auth: str = "none",
 ) -> float:
     """CPU seconds per request over the measured requests, as :func:`serve` but each request
     sent as HTTP/1.1 bytes through the broker's server (uvicorn configured as
     :func:`api.server.uvicorn_config` configures it, the broker's protocol) on ``concurrency``
     in-memory connections: the server's cost too, no socket. ``cut="app"``: the bare ASGI
-    app of :mod:`benchmarks.bare_asgi` on the same server instead of the broker."""
+    app of :mod:`benchmarks.bare_asgi` on the same server instead of the broker. ``auth`` as
+    for :func:`serve`."""
     from email.utils import formatdate
 
     from uvicorn.server import ServerState
@@ -359,9 +369,18 @@ async def serve_http(
     from api.budgets import Budgets
     from api.server import tune_gc, uvicorn_config
     from api.settings import Settings
+    from auth_quotas.credentials import generate_api_key
+    from benchmarks import auth as bench_auth
     from benchmarks import bare_asgi
 
-    app = await _App.start()
+    admin_key = generate_api_key().token
+    app = await _App.start(admin_key if auth == "quota" else None)
+    user_key = await _secure(app, admin_key) if auth == "quota" else generate_api_key().token
+    extra = (
+        f"Authorization: Bearer {user_key}\r\nLogbus-Client-Id: {bench_auth.CLIENT_ID}\r\n"
+        if auth != "none"
+        else ""
+    )
     settings = Settings()
     served: Any = bare_asgi.app if cut == "app" else app.app
     with _cut(app, "none" if cut == "app" else cut):
@@ -376,7 +395,7 @@ async def serve_http(
         head = (
             f"POST /v1/topics/{TOPIC}/records?acks={acks} HTTP/1.1\r\n"
             f"Host: 127.0.0.1:8080\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(BODY)}\r\n\r\n"
+            f"Content-Length: {len(BODY)}\r\n{extra}\r\n"
         ).encode()
 
         async def run(per_connection: int) -> None:
@@ -521,7 +540,9 @@ def main(argv: list[str] | None = None) -> int:
         import uvloop
 
         per_request = uvloop.run(
-            serve_http(args.requests, args.concurrency, args.acks, args.instrumented, args.cut)
+            serve_http(
+                args.requests, args.concurrency, args.acks, args.instrumented, args.cut, args.auth
+            )
         )
     else:
         per_request = asyncio.run(

@@ -46,17 +46,18 @@ def test_request_cost_serves_the_secured_broker(capsys: pytest.CaptureFixture[st
     assert "µs CPU per request (8 concurrent callers)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("cut", ["none", "app"])
+@pytest.mark.parametrize(("cut", "auth"), [("none", "none"), ("app", "none"), ("none", "quota")])
 def test_request_cost_serves_produces_through_the_brokers_server(
-    cut: str, capsys: pytest.CaptureFixture[str]
+    cut: str, auth: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--server: every request goes as HTTP/1.1 bytes through uvicorn and the broker's
-    protocol and is answered 200 (the in-memory client raises on any other answer); the
-    broker's collector settings are put back."""
+    protocol and is answered 200 (the in-memory client stops the run on any other answer:
+    with --auth quota, the user's key, ACLs and quota admit every one); the broker's
+    collector settings are put back."""
     import gc
 
     before = gc.get_threshold()
-    args = ["--server", "--requests", "64", "--concurrency", "8", "--cut", cut]
+    args = ["--server", "--requests", "64", "--concurrency", "8", "--cut", cut, "--auth", auth]
     assert request_cost.main(args) == 0
     assert "µs CPU per request (8 concurrent callers)" in capsys.readouterr().out
     assert gc.get_threshold() == before
