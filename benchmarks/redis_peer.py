@@ -309,40 +309,45 @@ def _page_path(topic: str, offset: int) -> str:
     )
 
 
+def _read_pages(
+    get: Callable[[str], tuple[int, bytes | memoryview]], topic: str, total: int
+) -> int:
+    """The records of ``topic`` up to ``total``, a page at a time, each page ``get(path)``'s
+    (status, body) decoded with ``orjson.loads`` (following ``next_offset``)."""
+    offset = got = 0
+    while offset < total:
+        status, body = get(_page_path(topic, offset))
+        _check(status, bytes(body[:300]), topic)
+        doc = orjson.loads(body)
+        got += len(doc["records"])
+        offset = doc["next_offset"]
+    return got
+
+
 def logbus_consume_blocking(port: int, topic: str, total: int) -> int:
     """:func:`logbus_consume` on a blocking socket (:class:`BlockingConn`: each answer read
     into one buffer kept for the connection, the body decoded from a view of it)."""
     conn = BlockingConn(port)
-    offset = got = 0
     try:
-        while offset < total:
-            status, body = conn.get(_page_path(topic, offset))
-            _check(status, bytes(body[:300]), topic)
-            doc = orjson.loads(body)
-            got += len(doc["records"])
-            offset = doc["next_offset"]
+        return _read_pages(conn.get, topic, total)
     finally:
         conn.close()
-    return got
 
 
 def logbus_consume_stdlib(port: int, topic: str, total: int) -> int:
     """:func:`logbus_consume` on the standard library's blocking client
     (``http.client.HTTPConnection``, one keep-alive connection)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60.0)
-    offset = got = 0
+
+    def get(path: str) -> tuple[int, bytes]:
+        conn.request("GET", path, headers={"Accept": "application/json"})
+        answer = conn.getresponse()
+        return answer.status, answer.read()
+
     try:
-        while offset < total:
-            conn.request("GET", _page_path(topic, offset), headers={"Accept": "application/json"})
-            answer = conn.getresponse()
-            body = answer.read()
-            _check(answer.status, body, topic)
-            doc = orjson.loads(body)
-            got += len(doc["records"])
-            offset = doc["next_offset"]
+        return _read_pages(get, topic, total)
     finally:
         conn.close()
-    return got
 
 
 class PeekConn(Conn):

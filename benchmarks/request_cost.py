@@ -144,6 +144,17 @@ class _App:
         return answer
 
 
+async def _started(auth: str) -> tuple[_App, str]:
+    """The app for ``auth`` (see the module docstring) and the key its requests carry (the
+    user's with ``quota``, else one nobody checks)."""
+    from auth_quotas.credentials import generate_api_key
+
+    admin_key = generate_api_key().token
+    app = await _App.start(admin_key if auth == "quota" else None)
+    user_key = await _secure(app, admin_key) if auth == "quota" else generate_api_key().token
+    return app, user_key
+
+
 async def _secure(app: _App, admin_key: str) -> str:
     """The user ``bench``, its ACLs and its quota (as :mod:`benchmarks.per_request` sets them
     up): the user's API key."""
@@ -245,12 +256,9 @@ async def serve(
     cut: str = "none",
 ) -> float:
     """CPU seconds per request over the measured requests."""
-    from auth_quotas.credentials import generate_api_key
     from benchmarks import auth as bench_auth
 
-    admin_key = generate_api_key().token
-    app = await _App.start(admin_key if auth == "quota" else None)
-    user_key = await _secure(app, admin_key) if auth == "quota" else generate_api_key().token
+    app, user_key = await _started(auth)
     query = f"acks={acks}".encode()
     headers = _produce_headers(BODY)
     if auth != "none":
@@ -369,13 +377,10 @@ async def serve_http(
     from api.budgets import Budgets
     from api.server import tune_gc, uvicorn_config
     from api.settings import Settings
-    from auth_quotas.credentials import generate_api_key
     from benchmarks import auth as bench_auth
     from benchmarks import bare_asgi
 
-    admin_key = generate_api_key().token
-    app = await _App.start(admin_key if auth == "quota" else None)
-    user_key = await _secure(app, admin_key) if auth == "quota" else generate_api_key().token
+    app, user_key = await _started(auth)
     extra = (
         f"Authorization: Bearer {user_key}\r\nLogbus-Client-Id: {bench_auth.CLIENT_ID}\r\n"
         if auth != "none"

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from auth_quotas.errors import InvalidQuotaError, ThrottlingQuotaExceededError
 from auth_quotas.quotas import (
     DEFAULT,
+    Meter,
     MutationDecision,
     QuotaConfig,
     QuotaEntity,
@@ -524,15 +525,23 @@ def test_the_quiet_path_answers_as_the_full_path(
         assert quiet.rates(now) == full.rates(now)
 
 
-def test_a_caller_far_below_its_quota_takes_the_quiet_path() -> None:
-    """The benchmark's quota (never throttles) on a steady client: after its first span most
-    requests are quiet, and answer what the full path answers."""
+def _benchmark_twins() -> tuple[QuotaSensors, QuotaSensors, Meter, Meter]:
+    """Two sensor sets and their meters for the benchmark's quota (never throttles): the
+    first charged as it comes (quiet when it may), the second always the full way (the
+    test clears its quiet marks before each charge)."""
     R = QuotaType.REQUEST_PERCENTAGE
     configs = {E("u", "c"): {P: 1e12, R: 1e6}}
     byte_res, time_res = resolve(configs, P, "u", "c"), resolve(configs, R, "u", "c")
     quiet, full = QuotaSensors(), QuotaSensors()
     meter, twin = quiet.meter(P, byte_res, time_res, 0), full.meter(P, byte_res, time_res, 0)
     assert twin.byte_sensor is not None and twin.time_sensor is not None
+    return quiet, full, meter, twin
+
+
+def test_a_caller_far_below_its_quota_takes_the_quiet_path() -> None:
+    """The benchmark's quota (never throttles) on a steady client: after its first span most
+    requests are quiet, and answer what the full path answers."""
+    quiet, full, meter, twin = _benchmark_twins()
     took_quiet = 0
     for now in range(0, 20_000, 10):
         twin.byte_sensor.quiet_until = twin.time_sensor.quiet_until = 0
@@ -547,12 +556,7 @@ def test_a_young_caller_takes_the_quiet_path_with_its_own_r() -> None:
     """A client in its first seconds (as in every phase of benchmarks.per_request): RateLimit's
     r moves with every request, yet most requests are quiet and answer what the full path
     answers, r included."""
-    R = QuotaType.REQUEST_PERCENTAGE
-    configs = {E("u", "c"): {P: 1e12, R: 1e6}}
-    byte_res, time_res = resolve(configs, P, "u", "c"), resolve(configs, R, "u", "c")
-    quiet, full = QuotaSensors(), QuotaSensors()
-    meter, twin = quiet.meter(P, byte_res, time_res, 0), full.meter(P, byte_res, time_res, 0)
-    assert twin.byte_sensor is not None and twin.time_sensor is not None
+    quiet, full, meter, twin = _benchmark_twins()
     took_quiet = 0
     rs = set()
     for now in range(0, 4_000, 2):
