@@ -13,3 +13,11 @@ def test_create_produce_fetch(client: httpx.Client) -> None:
     body = r.json()
     assert [(x["offset"], x["key"], x["value"]) for x in body["records"]] == [(0, "k", {"n": 1})]
     assert body["next_offset"] == 1 and r.headers["logbus-high-watermark"] == "1"
+
+
+def test_answers_do_not_name_the_server_software(client: httpx.Client) -> None:
+    """No ``Server`` field (docs/security.md; api.server.uvicorn_config), and the ``Date`` an
+    origin server with a clock sends."""
+    for r in (client.get("/healthz"), client.get("/v1/topics")):
+        assert r.status_code == 200, r.text
+        assert "server" not in r.headers and "date" in r.headers
