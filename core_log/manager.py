@@ -57,6 +57,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from . import executors
 from .batch import (
@@ -91,6 +92,7 @@ from .logdir import LogDirectory
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
 log = logging.getLogger("logbus.storage")
+_Read = TypeVar("_Read", bound=ReadResult)
 
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 DEFAULT_CLEANER_BACKOFF_MS = 15_000  # Kafka's log.cleaner.backoff.ms
@@ -634,24 +636,10 @@ class Partition:
         the lock is busy; larger ones in the reads pool. A caller raises the bound for reads it
         knows to be in the page cache (a follower fetching what was appended since its
         previous fetch)."""
-        self.log_dir.check()
-        try:
-            if max_bytes <= inline_max_bytes:
-                result = self.log.try_read(
-                    offset, max_bytes, max_offset=max_offset, max_records=max_records
-                )
-                if result is not None:
-                    return result
-            return await executors.run(
-                self.pools.reads,
-                self.log.read,
-                offset,
-                max_bytes,
-                max_offset=max_offset,
-                max_records=max_records,
-            )
-        except (KafkaStorageError, OSError) as e:
-            raise self._storage_failure(e) from e
+        return await self._read_with(
+            self.log.try_read, self.log.read, offset, max_bytes, max_offset, max_records,
+            inline_max_bytes,
+        )  # fmt: skip
 
     async def read_committed(
         self,
@@ -664,17 +652,32 @@ class Partition:
     ) -> CommittedReadResult:
         """:meth:`read` at ``read_committed`` (:meth:`PartitionLog.read_committed`): never at
         or past the last stable offset, with the aborted transactions of the data."""
+        return await self._read_with(
+            self.log.try_read_committed, self.log.read_committed, offset, max_bytes,
+            max_offset, max_records, inline_max_bytes,
+        )  # fmt: skip
+
+    async def _read_with(
+        self,
+        try_read: Callable[..., _Read | None],
+        read: Callable[..., _Read],
+        offset: int,
+        max_bytes: int,
+        max_offset: int | None,
+        max_records: int | None,
+        inline_max_bytes: int,
+    ) -> _Read:
+        """A read by ``try_read`` inline when it is small and the lock is free, else by
+        ``read`` in the reads pool (the log's plain or ``read_committed`` pair)."""
         self.log_dir.check()
         try:
             if max_bytes <= inline_max_bytes:
-                result = self.log.try_read_committed(
-                    offset, max_bytes, max_offset=max_offset, max_records=max_records
-                )
+                result = try_read(offset, max_bytes, max_offset=max_offset, max_records=max_records)
                 if result is not None:
                     return result
             return await executors.run(
                 self.pools.reads,
-                self.log.read_committed,
+                read,
                 offset,
                 max_bytes,
                 max_offset=max_offset,
