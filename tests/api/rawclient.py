@@ -35,14 +35,19 @@ def closed_by_peer(s: socket.socket) -> bool:
     return True
 
 
-def read_answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP answer with a Content-Length: (status, lower-cased headers, body)."""
+def read_head(s: socket.socket) -> bytes:
+    """What arrives up to the end of an answer's head (and whatever came with it)."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = s.recv(65536)
         assert chunk, f"closed before an answer: {data!r}"
         data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
+    return data
+
+
+def read_answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP answer with a Content-Length: (status, lower-cased headers, body)."""
+    head, _, body = read_head(s).partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
     headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from api.connections import HeadHeld
 from tests.api.helpers import create_topic
-from tests.api.rawclient import connect, read_answer
+from tests.api.rawclient import connect, read_answer, read_head
 from tests.server import BrokerProcess
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n"
@@ -163,11 +163,7 @@ def test_a_head_request_gets_its_head(shared_broker: BrokerProcess) -> None:
         s.sendall(
             f"HEAD /healthz HTTP/1.1\r\nHost: 127.0.0.1:{shared_broker.port}\r\n\r\n".encode()
         )
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(65536)
-            assert chunk, data
-            data += chunk
+        data = read_head(s)
     assert data.startswith(b"HTTP/1.1 ") and b"content-length: " in data.lower()
 
 
@@ -182,11 +178,7 @@ def test_expect_100_continue_is_answered_before_the_body(
             f"Host: 127.0.0.1:{shared_broker.port}\r\nExpect: 100-continue\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         )
-        interim = b""
-        while b"\r\n\r\n" not in interim:
-            chunk = s.recv(65536)
-            assert chunk, interim
-            interim += chunk
+        interim = read_head(s)
         assert interim.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
         s.sendall(body)
         status, _, answer = read_answer(s)
