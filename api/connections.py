@@ -41,9 +41,12 @@ import asyncio
 import re
 import resource
 from asyncio import TimerHandle
+from collections.abc import Awaitable, Generator
 from typing import Any, Literal
 
+import httptools
 from uvicorn.protocols.http import httptools_impl
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
@@ -218,6 +221,11 @@ class HeadHeld:
         else:
             self.transport.write(data)
 
+    def writelines(self, data: tuple[bytes, ...]) -> None:
+        """Write ``data`` after a held head, in one ``writelines``."""
+        held, self._held = self._held, None
+        self.transport.writelines(data if held is None else (held, *data))
+
     def flush(self) -> None:
         """Send a held head, if any."""
         held, self._held = self._held, None
@@ -241,6 +249,120 @@ class HeadHeld:
 # writes start with a hex length, never like this).
 _STATUS_LINE = b"HTTP/1.1 "
 _CONTENT_LENGTH = b"\r\ncontent-length: "
+
+
+# The scope key under which the broker's protocol puts each request's :class:`WholeCycle`,
+# and the key of an ``http.response.start`` message that carries the whole answer's body.
+CYCLE_SCOPE_KEY = "logbus.cycle"
+WHOLE_BODY_KEY = "logbus.body"
+
+
+class _Done:
+    """An awaitable that is already done (what :meth:`WholeCycle.send` hands back when it
+    wrote the answer at once): no coroutine to make and run."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        return iter(())  # type: ignore[return-value]
+
+
+_DONE = _Done()
+
+# Fields whose meaning uvicorn's ``send`` acts on besides Content-Length; an answer with one
+# goes through it.
+_UVICORNS_FIELDS = frozenset((b"transfer-encoding", b"connection"))
+
+
+class WholeCycle(httptools_impl.RequestResponseCycle):
+    """uvicorn's request cycle, with the two shortcuts of the broker's lean lane
+    (:mod:`api.fastpath`) for a request whose body has all arrived with its head (most
+    small produces):
+
+    * :meth:`arrived` and :meth:`take_body` hand over the body that has arrived, without
+      ``receive``'s event and message dict;
+    * :meth:`send` writes a whole answer from one ``http.response.start`` message that
+      carries its body under ``WHOLE_BODY_KEY``: head and body in one ``writelines``, no
+      second message, no second trip through every ``send`` wrapper (the quota's, the CORS
+      headers', the access log's pass the message on as it is, key included).
+
+    Everything else is uvicorn's: a message without the key, and a whole answer that cannot
+    go out at once (the transport's buffer is full, an answer already started, a HEAD
+    request), take uvicorn's ``send`` (the latter as two messages). The fields are checked
+    as uvicorn checks them (an invalid name or value raises), ``Connection: close`` ends a
+    connection as it does, and the bytes on the wire are those uvicorn writes for the same
+    two messages.
+    """
+
+    def arrived(self) -> int:
+        """The size of the request's body if it has all arrived and none of it has been
+        received, else -1 (then the app reads it with ``receive``)."""
+        if (
+            self.more_body
+            or self.disconnected
+            or self.response_complete
+            or self.waiting_for_100_continue
+        ):
+            return -1
+        return len(self.body)
+
+    def owns(self, receive: Any) -> bool:
+        """``receive`` is this cycle's own (nothing wraps it)."""
+        return getattr(receive, "__self__", None) is self
+
+    def take_body(self) -> bytes:
+        """The body :meth:`arrived` measured, handed over: ``receive`` then has none."""
+        body = bytes(self.body)
+        self.body = bytearray()
+        return body
+
+    def send(self, message: Any) -> Awaitable[None]:  # type: ignore[override]
+        body: bytes | None = message.get(WHOLE_BODY_KEY)
+        if body is None:
+            return super().send(message)
+        if (
+            self.response_started
+            or self.disconnected
+            or self.flow.write_paused
+            or self.scope["method"] == "HEAD"
+        ):
+            return self._send_two(message, body)
+        status: int = message["status"]
+        content = [httptools_impl.STATUS_LINE[status]]
+        header_re, value_re = httptools_impl.HEADER_RE, httptools_impl.HEADER_VALUE_RE
+        length: bytes | None = None
+        close = not self.keep_alive
+        for fields in (self.default_headers, message.get("headers", ())):
+            for name, value in fields:
+                if header_re.search(name):
+                    raise RuntimeError("Invalid HTTP header name.")
+                if value_re.search(value):
+                    raise RuntimeError("Invalid HTTP header value.")
+                name = name.lower()
+                if name == b"content-length":
+                    length = value if length is None else length
+                elif name in _UVICORNS_FIELDS:
+                    return self._send_two(message, body)  # its rules, not repeated here
+                content.extend((name, b": ", value, b"\r\n"))
+        if length is None or not length.isdigit() or int(length) != len(body):
+            return self._send_two(message, body)  # uvicorn says what is wrong with it
+        if close:
+            content.append(b"connection: close\r\n")
+        content.append(b"\r\n")
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        self.response_complete = True
+        self.transport.writelines((b"".join(content), body))
+        self.message_event.set()
+        if close:
+            self.transport.close()
+        self.on_response()
+        return _DONE
+
+    async def _send_two(self, message: Any, body: bytes) -> None:
+        start: Any = {k: v for k, v in message.items() if k != WHOLE_BODY_KEY}
+        await super().send(start)
+        await super().send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
@@ -301,9 +423,21 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        """uvicorn's, in one call (its keep-alive timer is never made here: see
+        :meth:`_unset_keepalive_if_required`), plus the head and body timers."""
         if self._in_head and not self._head_armed:
             self._arm_head_timer()
-        super().data_received(data)
+        self._idle_armed = False
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.logger.warning(_INVALID_REQUEST)
+            self.send_400_response(_INVALID_REQUEST)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
         if self._body_pending and self._body_timer is None and not self.transport.is_closing():
             self._body_timer = self.loop.call_at(
                 self._body_progress + self.body_timeout_s, self._body_timed_out
@@ -318,17 +452,39 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         if self._peer_user is not None:  # before the app's task starts (in the super call)
             self.scope[PEER_USER_SCOPE_KEY] = self._peer_user  # type: ignore[literal-required]
         super().on_headers_complete()
-        if self.cycle is not None and self._head_held is not None:
-            self.cycle.transport = self._head_held  # type: ignore[assignment]
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # not a WebSocket upgrade
+            if self._head_held is not None:
+                cycle.transport = self._head_held  # type: ignore[assignment]
+            if type(cycle) is WholeCycle:
+                self.scope[CYCLE_SCOPE_KEY] = cycle  # type: ignore[literal-required]
 
     def on_body(self, body: bytes) -> None:
+        """uvicorn's, in one call, noting when body bytes last came."""
         self._body_progress = self.loop.time()
-        super().on_body(body)
+        if self.parser.should_upgrade() and self._should_upgrade():
+            return  # an upgrade's head made no cycle
+        cycle = self.cycle
+        if cycle.response_complete:
+            return
+        cycle.body += body
+        if len(cycle.body) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.message_event.set()
 
     def on_message_complete(self) -> None:
+        """uvicorn's, in one call, with the body timer stopped."""
         self._body_pending = False
-        self._cancel_body_timer()
-        super().on_message_complete()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        if self.parser.should_upgrade() and self._should_upgrade():
+            return  # an upgrade's head made no cycle
+        cycle = self.cycle
+        if cycle.response_complete:
+            return
+        cycle.more_body = False
+        cycle.message_event.set()
 
     def on_response_complete(self) -> None:
         """What uvicorn's does — count the request, read again, start a pipelined request —
@@ -353,10 +509,11 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
             self._idle_timer = self.loop.call_at(self._idle_deadline, self._idle_timed_out)
 
     def _unset_keepalive_if_required(self) -> None:
-        """uvicorn calls this when bytes arrive and when the connection is lost: the
-        connection is no longer idle."""
+        """uvicorn calls this when the connection is lost (and its ``data_received``, which
+        :meth:`data_received` replaces, when bytes arrive): the connection is no longer idle.
+        uvicorn's own cancels its keep-alive timer, which only its ``on_response_complete``
+        makes: :meth:`on_response_complete` replaces that, so there is none."""
         self._idle_armed = False
-        super()._unset_keepalive_if_required()
 
     def _idle_timed_out(self) -> None:
         self._idle_timer = None
@@ -430,6 +587,9 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
             self.transport.close()
 
 
+_INVALID_REQUEST = "Invalid HTTP request received."  # uvicorn's words for it
+
+
 def _answer_408(timeout_ms: int) -> bytes:
     error = LogbusError(
         f"no request body bytes for {timeout_ms} ms", code=ErrorCode.REQUEST_TIMEOUT
@@ -484,6 +644,13 @@ def remember_header_checks() -> None:
             setattr(httptools_impl, name, RememberedSearch(pattern))
 
 
+def use_whole_cycles() -> None:
+    """Make uvicorn's httptools protocol start each request with a :class:`WholeCycle` (once
+    per process; the protocol reads the class as a module global at every request head)."""
+    if httptools_impl.RequestResponseCycle is not WholeCycle:
+        httptools_impl.RequestResponseCycle = WholeCycle  # type: ignore[misc]
+
+
 def protocols(
     gate: ConnectionGate,
     header_timeout_ms: int,
@@ -493,8 +660,10 @@ def protocols(
 ) -> tuple[type[LimitedHttpProtocol], type[LimitedWebSocketProtocol]]:
     """Protocol classes bound to one broker's gate, timeouts and client-certificate mapping
     (uvicorn takes classes). Remembers uvicorn's checks of answer fields
-    (:func:`remember_header_checks`)."""
+    (:func:`remember_header_checks`) and makes its request cycles :class:`WholeCycle` s
+    (:func:`use_whole_cycles`)."""
     remember_header_checks()
+    use_whole_cycles()
     ws = type(
         "BrokerWebSocketProtocol",
         (LimitedWebSocketProtocol,),

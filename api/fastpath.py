@@ -23,10 +23,11 @@ from core_log.errors import ErrorCode, LogbusError
 from . import guard, quota_gate, records, streams
 from .access import Access, require_transactional
 from .budgets import RETRY_AFTER_S, BodyGuard, Budgets, ByteBudget, budget_exhausted
+from .connections import CYCLE_SCOPE_KEY, WHOLE_BODY_KEY, WholeCycle
 from .guard import BrowserPolicy
 from .params import PARTITION_MAX
 from .problems import PROBLEM_JSON, payload_too_large, problem_bytes
-from .records import BodyChunks, ClientDisconnected
+from .records import BodyChunks, ClientDisconnected, WholeBody
 from .settings import Settings
 from .state import AppState
 
@@ -59,6 +60,7 @@ class FastPath:
         self.state: AppState | None = None  # set by the app's lifespan
         self.access = Access(settings.auth)  # its security is set by the app's lifespan
         self._guarded = BodyGuard(self._route, budgets.body, settings.max_request_bytes)
+        self._max_body = settings.max_request_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         served = scope["type"] in ("http", "websocket")  # not the lifespan
@@ -80,11 +82,13 @@ class FastPath:
         if route not in ROUTES:
             await guard.refuse(scope, send, guard.Verdict(400, _bad_route(route)))
             return
-        token = direct_route.set(route == "direct")
+        direct = route == "direct"
+        # Set only when it changes: a request's task starts with it unset (False).
+        token = direct_route.set(direct) if direct or direct_route.get() else None
         try:
             state = self.state
             # HTTP requests pass the body guard; the others go to FastAPI as they are.
-            inner = self._guarded if scope["type"] == "http" else self.app
+            inner = self._enter if scope["type"] == "http" else self.app
             if state is not None and served:
                 await quota_gate.serve(
                     state.quotas,
@@ -98,7 +102,38 @@ class FastPath:
             else:
                 await inner(scope, receive, send)
         finally:
-            direct_route.reset(token)
+            if token is not None:
+                direct_route.reset(token)
+
+    def _enter(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """An HTTP request's way in: the lean lane for a produce whose whole body came with its
+        head, else the body guard and :meth:`_route`.
+
+        The lean lane takes the body from the server's cycle (:class:`WholeCycle`) instead of
+        through ``receive``, the body guard and :class:`BodyChunks`, after the guard's own
+        checks (its size limit, the body budget, held until the answer is out): a request
+        that fails one, or whose body is still coming, or whose ``receive`` something wraps
+        (a quota counting the body), takes the guarded way, which answers as it always has.
+        Not a coroutine: no frame of its own."""
+        cycle: WholeCycle | None = scope.get(CYCLE_SCOPE_KEY)
+        state = self.state
+        if cycle is None:
+            return self._guarded(scope, receive, send)
+        if (
+            state is None
+            or state.proxy is not None
+            or scope["method"] != "POST"
+            or not state.settings.fast_path
+            or not cycle.owns(receive)
+        ):
+            return self._guarded(scope, receive, send)
+        target = produce_target(scope["path"])
+        size = cycle.arrived()
+        budget = self.budgets.body
+        if target is None or not 0 <= size <= self._max_body or not budget.try_reserve(size):
+            return self._guarded(scope, receive, send)
+        body = WholeBody(cycle.take_body())
+        return self._serve(state, scope, body, send, "POST", *target, reserved=size)
 
     def _route(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         """What serves this request: forwarding to another broker, the lean route, or
@@ -128,70 +163,82 @@ class FastPath:
     ) -> Awaitable[None]:
         if scope["type"] != "http" or state is None or not state.settings.fast_path:
             return self.app(scope, receive, send)
-        path: str = scope["path"]
         method: str = scope["method"]
-        topic: str | None = None
-        partition: int | None = None
-        if (m := _PARTITION_RECORDS.match(path)) and int(m[2]) <= PARTITION_MAX:
-            topic, partition = m[1], int(m[2])
-        elif m := _TOPIC_RECORDS.match(path):
-            topic = m[1]
+        target = produce_target(scope["path"])
         if (
-            topic is None
+            target is None
             or method not in ("GET", "POST")
-            or (method == "GET" and (partition is None or _wants_sse(scope)))
+            or (method == "GET" and (target[1] is None or _wants_sse(scope)))
         ):
             return self.app(scope, receive, send)
-        return self._serve(state, scope, receive, send, method, topic, partition)
+        body = BodyChunks(receive) if method == "POST" else _NO_BODY
+        return self._serve(state, scope, body, send, method, *target)
 
     async def _serve(
         self,
         state: AppState,
         scope: Scope,
-        receive: Receive,
+        body: records.Body,
         send: Send,
         method: str,
         topic: str,
         partition: int | None,
+        reserved: int = 0,
     ) -> None:
+        """Answer a produce or a fetch; ``reserved``: body-budget bytes the lean lane holds
+        for the body (:meth:`_enter`), released once the answer is out."""
         started = time.perf_counter()
         headers = guard.request_headers(scope)
         query = parse_query(scope["query_string"])
         route = "produce" if method == "POST" else "fetch"
         try:
-            if method == "POST":
-                length = headers.get("content-length")
-                limit = state.settings.max_request_bytes
-                if length is not None and length.isdigit() and int(length) > limit:
-                    raise payload_too_large(limit)
-                if records.TRANSACTIONAL_ID_HEADER in headers:
-                    require_transactional(
-                        state.security, scope, headers[records.TRANSACTIONAL_ID_HEADER]
+            try:
+                if method == "POST":
+                    length = headers.get("content-length")
+                    limit = state.settings.max_request_bytes
+                    if length is not None and length.isdigit() and int(length) > limit:
+                        raise payload_too_large(limit)
+                    if records.TRANSACTIONAL_ID_HEADER in headers:
+                        require_transactional(
+                            state.security, scope, headers[records.TRANSACTIONAL_ID_HEADER]
+                        )
+                    reply = await records.produce(
+                        state.broker,
+                        state.settings,
+                        topic,
+                        partition,
+                        query,
+                        headers,
+                        body,
+                        state.transactions,
                     )
-                reply = await records.produce(
-                    state.broker,
-                    state.settings,
-                    topic,
-                    partition,
-                    query,
-                    headers,
-                    BodyChunks(receive),
-                    state.transactions,
-                )
+                else:
+                    assert partition is not None
+                    accept = headers.get("accept")
+                    reply = await self._fetch(state, topic, partition, query, accept)
+            except ClientDisconnected:
+                return
+            except LogbusError as e:
+                reply = records.Reply(e.http_status, problem_bytes(e), PROBLEM_JSON)
+                if e.code is ErrorCode.BROKER_BUSY or e.http_status == 503:
+                    reply.headers["Retry-After"] = str(RETRY_AFTER_S)
+            except Exception:
+                log.exception("unexpected error on %s %s", method, scope["path"])
+                internal = LogbusError("internal error", code=ErrorCode.UNKNOWN_SERVER_ERROR)
+                reply = records.Reply(500, problem_bytes(internal), PROBLEM_JSON)
+            budget = self.budgets.response
+            assert isinstance(reply.body, bytes)  # the fast path's answers are whole
+            size = len(reply.body)
+            if CYCLE_SCOPE_KEY in scope and size <= SEND_CHUNK_BYTES and budget.try_reserve(size):
+                try:  # the server takes the whole answer in one message
+                    await send(_whole_start(reply))
+                finally:
+                    budget.release(size)
             else:
-                assert partition is not None
-                reply = await self._fetch(state, topic, partition, query, headers.get("accept"))
-        except ClientDisconnected:
-            return
-        except LogbusError as e:
-            reply = records.Reply(e.http_status, problem_bytes(e), PROBLEM_JSON)
-            if e.code is ErrorCode.BROKER_BUSY or e.http_status == 503:
-                reply.headers["Retry-After"] = str(RETRY_AFTER_S)
-        except Exception:
-            log.exception("unexpected error on %s %s", method, scope["path"])
-            internal = LogbusError("internal error", code=ErrorCode.UNKNOWN_SERVER_ERROR)
-            reply = records.Reply(500, problem_bytes(internal), PROBLEM_JSON)
-        await send_budgeted(send, reply, self.budgets.response)
+                await send_budgeted(send, reply, budget)
+        finally:
+            if reserved:
+                self.budgets.body.release(reserved)
         state.metrics.observe(
             route,
             method,
@@ -240,6 +287,18 @@ def _answers_at_once(state: AppState, topic: str, partition: int, query: dict[st
     except LogbusError:
         return True  # the fetch answers the error at once
     return offset.isdigit() and len(offset) < 20 and int(offset) < hw
+
+
+_NO_BODY = records.WholeBody(b"")  # a fetch's: it reads none
+
+
+def produce_target(path: str) -> tuple[str, int | None] | None:
+    """The topic and partition (None: the topic's records) of a records path, else None."""
+    if (m := _PARTITION_RECORDS.match(path)) and int(m[2]) <= PARTITION_MAX:
+        return m[1], int(m[2])
+    if m := _TOPIC_RECORDS.match(path):
+        return m[1], None
+    return None
 
 
 def _route_header(scope: Scope) -> str:
@@ -297,7 +356,8 @@ async def send_budgeted(send: Send, reply: records.Reply, budget: ByteBudget) ->
         budget.release(size)
 
 
-async def send_reply(send: Send, reply: records.Reply) -> None:
+def _start(reply: records.Reply) -> dict[str, Any]:
+    """The ``http.response.start`` message of ``reply``."""
     assert isinstance(reply.body, bytes)
     raw: list[tuple[bytes, bytes]] = [
         (b"content-type", reply.content_type.encode()),
@@ -305,9 +365,22 @@ async def send_reply(send: Send, reply: records.Reply) -> None:
     ]
     if reply.headers:
         raw.extend((k.lower().encode(), v.encode()) for k, v in reply.headers.items())
-    start: dict[str, Any] = {"type": "http.response.start", "status": reply.status, "headers": raw}
-    await send(start)
+    return {"type": "http.response.start", "status": reply.status, "headers": raw}
+
+
+def _whole_start(reply: records.Reply) -> dict[str, Any]:
+    """``reply`` as one start message that carries its body, for a server that takes whole
+    answers (the broker's, :class:`WholeCycle`)."""
+    start = _start(reply)
+    start[WHOLE_BODY_KEY] = reply.body
+    return start
+
+
+async def send_reply(send: Send, reply: records.Reply) -> None:
+    """Send ``reply`` as ASGI's two messages (a large body in slices)."""
+    await send(_start(reply))
     body = reply.body
+    assert isinstance(body, bytes)
     if len(body) <= SEND_CHUNK_BYTES:
         await send({"type": "http.response.body", "body": body})
         return

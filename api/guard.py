@@ -151,7 +151,8 @@ class BrowserPolicy:
 
     def check(self, scope_type: str, method: str, headers: Mapping[str, str]) -> Verdict:
         host = headers.get("host")
-        if not self.host_allowed(host):
+        # host_allowed's remembered answer read here first: every request asks it.
+        if not (self.any_host or (host and self._seen.get(host))) and not self.host_allowed(host):
             return Verdict(400, _refused_host(host))
         origin = headers.get("origin")
         cors: list[tuple[bytes, bytes]] = []
@@ -163,7 +164,15 @@ class BrowserPolicy:
                 cors = _cors_headers(origin)
                 if method == "OPTIONS" and "access-control-request-method" in headers:
                     return Verdict(204, headers=cors + _preflight_headers())
-        if scope_type == "http" and method in BODY_METHODS and _has_body(headers):
+        if (
+            scope_type == "http"
+            and method in BODY_METHODS
+            and (
+                length.strip() != "0"  # a body, declared or chunked
+                if (length := headers.get("content-length")) is not None
+                else "transfer-encoding" in headers
+            )
+        ):
             kind_ = media_type(headers.get("content-type"))
             if kind_ not in BODY_TYPES:
                 return Verdict(415, _untyped_body(kind_), cors)
@@ -198,13 +207,6 @@ def media_type(raw: str | None) -> str:
             _MEDIA_TYPES.clear()
         _MEDIA_TYPES[raw] = kind
     return kind
-
-
-def _has_body(headers: Mapping[str, str]) -> bool:
-    length = headers.get("content-length")
-    if length is not None:
-        return length.strip() != "0"
-    return "transfer-encoding" in headers
 
 
 def _is_loopback(host: str) -> bool:

@@ -185,13 +185,16 @@ def serve(
     if forwarded_by:  # measured where it came in
         return app(scope, receive, send)
     is_ws = scope["type"] == "websocket"
-    try:
-        client = client_id(scope, query_too=is_ws or sse, headers=client_ids)
-    except LogbusError as e:
-        return _refuse(scope, send, e, {})
-    user = quota_user(scope)
+    query_too = is_ws or sse
+    client = ""  # what client_id says of a request that names none
+    if client_ids or query_too:
+        try:
+            client = client_id(scope, query_too=query_too, headers=client_ids)
+        except LogbusError as e:  # refused with or without quotas
+            return _refuse(scope, send, e, {})
     if not quotas.active:
         return app(scope, receive, send)
+    user = quota_user(scope)
     if is_ws:
         return _websocket(quotas, user, client, scope, receive, send, app)
     return _http(

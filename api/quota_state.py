@@ -168,6 +168,9 @@ class QuotaState:
         self.config = config
         self.clock = clock
         self.table = QuotaTable()
+        # Whether any quota is configured (no: nothing is measured). Kept with the table:
+        # every request reads it.
+        self.active = False
         self.version = -1
         self.max_sensors = max_sensors
         self._idle_ms = idle_expiry_ms
@@ -178,17 +181,13 @@ class QuotaState:
         self._meters: dict[tuple[str, str, QuotaType | None], Meter | None] = {}
         self._meters_evictions = 0
 
-    @property
-    def active(self) -> bool:
-        """Whether any quota is configured (no: nothing is measured)."""
-        return len(self.table) > 0
-
     def apply_snapshot(self, snapshot: SecuritySnapshot) -> None:
         """The security watcher's callback: the quotas of ``snapshot`` are in force now."""
         self.apply(snapshot.quotas, snapshot.version)
 
     def apply(self, rows: Iterable[QuotaRow], version: int = -1) -> None:
         self.table = table_of(rows)
+        self.active = len(self.table) > 0
         self.version = version
         self._meters.clear()
         if not self.active:

@@ -135,7 +135,31 @@ class BodyChunks:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+class WholeBody:
+    """A request body that had all arrived with its head (the lean lane,
+    :meth:`api.fastpath.FastPath._enter`): one chunk, read without waiting."""
+
+    __slots__ = ("_done", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._done = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._done:
+            raise StopAsyncIteration
+        self._done = True
+        return self.data
+
+
 async def read_body(chunks: Body, limit: int) -> bytes:
+    if type(chunks) is WholeBody:
+        if len(chunks.data) > limit:
+            raise payload_too_large(limit)
+        return chunks.data
     if type(chunks) is BodyChunks:
         return await chunks.read(limit)
     parts: list[bytes] = []
