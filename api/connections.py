@@ -329,9 +329,9 @@ class WholeCycle(httptools_impl.RequestResponseCycle):
             return self._send_two(message, body)
         status: int = message["status"]
         content = [httptools_impl.STATUS_LINE[status]]
-        header_re, value_re = httptools_impl.HEADER_RE, httptools_impl.HEADER_VALUE_RE
         length: bytes | None = None
         close = not self.keep_alive
+        header_re, value_re = httptools_impl.HEADER_RE, httptools_impl.HEADER_VALUE_RE
         for fields in (self.default_headers, message.get("headers", ())):
             for name, value in fields:
                 if header_re.search(name):

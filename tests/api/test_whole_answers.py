@@ -79,7 +79,12 @@ def cycle_of(
 
 
 def whole(status: int, fields: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any]:
-    return {"type": "http.response.start", "status": status, "headers": fields, WHOLE_BODY_KEY: body}
+    return {
+        "type": "http.response.start",
+        "status": status,
+        "headers": fields,
+        WHOLE_BODY_KEY: body,
+    }
 
 
 async def uvicorns(
