@@ -155,6 +155,12 @@ def _no_partitions(topic: str) -> int:
     return 0
 
 
+# Logbus-Client-Id values (as sent) found valid, and the client id each names: at most this
+# many remembered. Only valid ones are: an invalid one is checked (and refused) every time.
+CLIENT_ID_CACHE_ENTRIES: Final = 4096
+_CLIENT_IDS: dict[bytes, str] = {}
+
+
 def serve(
     quotas: QuotaState,
     scope: Scope,
@@ -187,11 +193,17 @@ def serve(
     is_ws = scope["type"] == "websocket"
     query_too = is_ws or sse
     client = ""  # what client_id says of a request that names none
-    if client_ids or query_too:
+    if len(client_ids) == 1 and (known := _CLIENT_IDS.get(client_ids[0])) is not None:
+        client = known  # a client sends its id with every request: checked once
+    elif client_ids or query_too:
         try:
             client = client_id(scope, query_too=query_too, headers=client_ids)
         except LogbusError as e:  # refused with or without quotas
             return _refuse(scope, send, e, {})
+        if len(client_ids) == 1:
+            if len(_CLIENT_IDS) >= CLIENT_ID_CACHE_ENTRIES:
+                _CLIENT_IDS.clear()
+            _CLIENT_IDS[client_ids[0]] = client
     if not quotas.active:
         return app(scope, receive, send)
     user = quota_user(scope)

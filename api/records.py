@@ -210,7 +210,10 @@ async def produce(
         return await _produce_binary(broker, settings, topic, partition, acks, body)
     now = broker.clock.now_ms()
     if kind == JSON:
-        raw = await read_body(body, settings.max_request_bytes)
+        if type(body) is WholeBody and len(body.data) <= settings.max_request_bytes:
+            raw = body.data  # read_body's answer, without its coroutine
+        else:
+            raw = await read_body(body, settings.max_request_bytes)
         parsed = parse_json_body(raw, settings.max_records_per_request, now)
     elif kind == NDJSON:
         parsed = await _parse_ndjson(body, settings, now)
