@@ -251,9 +251,11 @@ _STATUS_LINE = b"HTTP/1.1 "
 _CONTENT_LENGTH = b"\r\ncontent-length: "
 
 
-# The scope key under which the broker's protocol puts each request's :class:`WholeCycle`,
-# and the key of an ``http.response.start`` message that carries the whole answer's body.
-CYCLE_SCOPE_KEY = "logbus.cycle"
+# The scope key by which the broker's protocol says a request's cycle is a :class:`WholeCycle`
+# (True), and the key of an ``http.response.start`` message that carries the whole answer's
+# body. (Not the cycle itself in the scope: its scope would then hold it, a reference cycle
+# per request that only the collector frees; the lean lane finds it as ``receive``'s owner.)
+WHOLE_ANSWERS_KEY = "logbus.whole_answers"
 WHOLE_BODY_KEY = "logbus.body"
 
 
@@ -305,10 +307,6 @@ class WholeCycle(httptools_impl.RequestResponseCycle):
         ):
             return -1
         return len(self.body)
-
-    def owns(self, receive: Any) -> bool:
-        """``receive`` is this cycle's own (nothing wraps it)."""
-        return getattr(receive, "__self__", None) is self
 
     def take_body(self) -> bytes:
         """The body :meth:`arrived` measured, handed over: ``receive`` then has none."""
@@ -457,7 +455,7 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
             if self._head_held is not None:
                 cycle.transport = self._head_held  # type: ignore[assignment]
             if type(cycle) is WholeCycle:
-                self.scope[CYCLE_SCOPE_KEY] = cycle  # type: ignore[literal-required]
+                self.scope[WHOLE_ANSWERS_KEY] = True  # type: ignore[literal-required]
 
     def on_body(self, body: bytes) -> None:
         """uvicorn's, in one call, noting when body bytes last came."""

@@ -23,7 +23,7 @@ from core_log.errors import ErrorCode, LogbusError
 from . import guard, quota_gate, records, streams
 from .access import Access, require_transactional
 from .budgets import RETRY_AFTER_S, BodyGuard, Budgets, ByteBudget, budget_exhausted
-from .connections import CYCLE_SCOPE_KEY, WHOLE_BODY_KEY, WholeCycle
+from .connections import WHOLE_ANSWERS_KEY, WHOLE_BODY_KEY, WholeCycle
 from .guard import BrowserPolicy
 from .params import PARTITION_MAX
 from .problems import PROBLEM_JSON, payload_too_large, problem_bytes
@@ -115,16 +115,15 @@ class FastPath:
         that fails one, or whose body is still coming, or whose ``receive`` something wraps
         (a quota counting the body), takes the guarded way, which answers as it always has.
         Not a coroutine: no frame of its own."""
-        cycle: WholeCycle | None = scope.get(CYCLE_SCOPE_KEY)
+        # The server's own receive (nothing wraps it) is its cycle's bound method.
+        cycle = getattr(receive, "__self__", None)
         state = self.state
-        if cycle is None:
-            return self._guarded(scope, receive, send)
         if (
-            state is None
+            type(cycle) is not WholeCycle
+            or state is None
             or state.proxy is not None
             or scope["method"] != "POST"
             or not state.settings.fast_path
-            or not cycle.owns(receive)
         ):
             return self._guarded(scope, receive, send)
         target = produce_target(scope["path"])
@@ -229,7 +228,7 @@ class FastPath:
             budget = self.budgets.response
             assert isinstance(reply.body, bytes)  # the fast path's answers are whole
             size = len(reply.body)
-            if CYCLE_SCOPE_KEY in scope and size <= SEND_CHUNK_BYTES and budget.try_reserve(size):
+            if WHOLE_ANSWERS_KEY in scope and size <= SEND_CHUNK_BYTES and budget.try_reserve(size):
                 try:  # the server takes the whole answer in one message
                     await send(_whole_start(reply))
                 finally:
