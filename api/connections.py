@@ -257,6 +257,12 @@ _CONTENT_LENGTH = b"\r\ncontent-length: "
 # per request that only the collector frees; the lean lane finds it as ``receive``'s owner.)
 WHOLE_ANSWERS_KEY = "logbus.whole_answers"
 WHOLE_BODY_KEY = "logbus.body"
+# A whole answer's fields that the broker built itself from constants and numbers (the
+# quota's throttle fields: api.quota_gate): lower-case names, valid by construction
+# (tests/auth_quotas/test_quotas.py), none that uvicorn acts on (Content-Length,
+# Connection, Transfer-Encoding). Written as they are, after the checked ones.
+BUILT_FIELDS_KEY = "logbus.built_fields"
+_WHOLE_KEYS = frozenset((WHOLE_BODY_KEY, BUILT_FIELDS_KEY))
 
 
 class _Done:
@@ -284,7 +290,8 @@ class WholeCycle(httptools_impl.RequestResponseCycle):
     * :meth:`arrived` and :meth:`take_body` hand over the body that has arrived, without
       ``receive``'s event and message dict;
     * :meth:`send` writes a whole answer from one ``http.response.start`` message that
-      carries its body under ``WHOLE_BODY_KEY``: head and body in one ``writelines``, no
+      carries its body under ``WHOLE_BODY_KEY`` (and, under ``BUILT_FIELDS_KEY``, fields
+      the broker built itself, written unchecked): head and body in one ``writelines``, no
       second message, no second trip through every ``send`` wrapper (the quota's, the CORS
       headers', the access log's pass the message on as it is, key included).
 
@@ -342,6 +349,8 @@ class WholeCycle(httptools_impl.RequestResponseCycle):
                 elif name in _UVICORNS_FIELDS:
                     return self._send_two(message, body)  # its rules, not repeated here
                 content.extend((name, b": ", value, b"\r\n"))
+        for name, value in message.get(BUILT_FIELDS_KEY, ()):
+            content.extend((name, b": ", value, b"\r\n"))
         if length is None or not length.isdigit() or int(length) != len(body):
             return self._send_two(message, body)  # uvicorn says what is wrong with it
         if close:
@@ -358,7 +367,8 @@ class WholeCycle(httptools_impl.RequestResponseCycle):
         return _DONE
 
     async def _send_two(self, message: Any, body: bytes) -> None:
-        start: Any = {k: v for k, v in message.items() if k != WHOLE_BODY_KEY}
+        start: Any = {k: v for k, v in message.items() if k not in _WHOLE_KEYS}
+        start["headers"] = [*message.get("headers", ()), *message.get(BUILT_FIELDS_KEY, ())]
         await super().send(start)
         await super().send({"type": "http.response.body", "body": body, "more_body": False})
 

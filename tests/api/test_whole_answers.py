@@ -25,7 +25,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from api.connections import WHOLE_BODY_KEY, HeadHeld, WholeCycle, remember_header_checks
+from api.connections import (
+    BUILT_FIELDS_KEY,
+    WHOLE_BODY_KEY,
+    HeadHeld,
+    WholeCycle,
+    remember_header_checks,
+)
 from benchmarks import request_cost
 from tests.api.conftest import make_client, start_broker
 from tests.api.helpers import create_topic
@@ -80,13 +86,17 @@ def cycle_of(
     return cycle, recorder, completed
 
 
-def whole(status: int, fields: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any]:
-    return {
-        "type": "http.response.start",
-        "status": status,
-        "headers": fields,
-        WHOLE_BODY_KEY: body,
-    }
+def whole(
+    status: int,
+    fields: list[tuple[bytes, bytes]],
+    body: bytes,
+    built: list[tuple[bytes, bytes]] | None = None,
+) -> dict[str, Any]:
+    message = {"type": "http.response.start", "status": status, "headers": fields}
+    message[WHOLE_BODY_KEY] = body
+    if built is not None:
+        message[BUILT_FIELDS_KEY] = built
+    return message
 
 
 async def uvicorns(
@@ -112,9 +122,10 @@ async def wholes(
     method: str = "POST",
     keep_alive: bool = True,
     write_paused: bool = False,
+    built: list[tuple[bytes, bytes]] | None = None,
 ) -> tuple[bytes, bool, int, Recorder]:
     cycle, recorder, completed = cycle_of(WholeCycle, method, keep_alive, write_paused)
-    await cycle.send(whole(status, fields, body))
+    await cycle.send(whole(status, fields, body, built))  # type: ignore[arg-type]
     assert isinstance(cycle.transport, HeadHeld)
     cycle.transport.flush()
     assert cycle.response_complete
@@ -128,6 +139,7 @@ def run(coro: Any) -> Any:
 _NAMES = st.sampled_from(
     [b"retry-after", b"ratelimit", b"ratelimit-policy", b"X-Custom", b"logbus-next-offset"]
 )
+_BUILT_NAMES = st.sampled_from([b"logbus-throttle-time-ms", b"ratelimit", b"retry-after"])
 _VALUES = st.binary(min_size=0, max_size=40).map(
     lambda b: bytes(c for c in b if 0x20 <= c < 0x7F or c == 0x09)
 )
@@ -139,18 +151,38 @@ _VALUES = st.binary(min_size=0, max_size=40).map(
     extra=st.lists(st.tuples(_NAMES, _VALUES), max_size=4),
     body=st.binary(max_size=3000),
     keep_alive=st.booleans(),
+    built=st.none() | st.lists(st.tuples(_BUILT_NAMES, st.integers(0, 10**12)), max_size=3),
+    write_paused=st.booleans(),
 )
 def test_a_whole_answer_writes_the_bytes_uvicorn_writes_for_its_two_messages(
-    status: int, extra: list[tuple[bytes, bytes]], body: bytes, keep_alive: bool
+    status: int,
+    extra: list[tuple[bytes, bytes]],
+    body: bytes,
+    keep_alive: bool,
+    built: list[tuple[bytes, int]] | None,
+    write_paused: bool,
 ) -> None:
+    """At once, or through uvicorn's send when the client takes nothing now; with fields
+    the broker built (``BUILT_FIELDS_KEY``) written after the others, as uvicorn writes
+    them when they are the last of the start message's."""
     fields = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         *extra,
     ]
-    expected, closed, completions = run(uvicorns(status, fields, body, keep_alive=keep_alive))
+    built_fields = None if built is None else [(k, str(v).encode()) for k, v in built]
+    expected, closed, completions = run(
+        uvicorns(status, [*fields, *(built_fields or ())], body, keep_alive=keep_alive)
+    )
     got, got_closed, got_completions, recorder = run(
-        wholes(status, fields, body, keep_alive=keep_alive)
+        wholes(
+            status,
+            fields,
+            body,
+            keep_alive=keep_alive,
+            write_paused=write_paused,
+            built=built_fields,
+        )
     )
     assert got == expected
     assert (got_closed, got_completions) == (closed, completions) == (not keep_alive, 1)

@@ -5,6 +5,7 @@ converges to its quota."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -468,6 +469,52 @@ def test_a_meter_charges_what_record_and_headers_say(
             if t.quota_type is not R:
                 want |= {k: v for k, v in t.headers().items() if k.startswith("RateLimit")}
         assert dict(got) == {k.lower().encode(): v.encode() for k, v in want.items()}
+
+
+# uvicorn 0.54's checks of an answer's field names and values (httptools_impl.HEADER_RE,
+# HEADER_VALUE_RE), as they are: a whole answer writes the quota's fields without them.
+_NAME_REFUSED = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
+_VALUE_REFUSED = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    byte_type=st.sampled_from([P, C, None]),
+    byte_limit=st.sampled_from([0.001, 1.0, 100.0, 1e9, 1e300]),
+    time_limit=st.sampled_from([0.001, 50.0, 1e300, None]),
+    steps=st.lists(
+        st.tuples(st.integers(0, 3000), st.integers(0, 10**7), st.integers(0, 10**10)),
+        min_size=1,
+        max_size=40,
+    ),
+)
+def test_the_fields_charge_gives_pass_the_servers_checks(
+    byte_type: QuotaType | None,
+    byte_limit: float,
+    time_limit: float | None,
+    steps: list[tuple[int, int, int]],
+) -> None:
+    """Every field of every answer the quota charges (quiet or full path, throttled or not,
+    any limit) is one the server would accept as it is: a lower-case name and a value
+    uvicorn's checks pass, and none of the fields uvicorn acts on. api.connections' whole
+    answers write them unchecked (``BUILT_FIELDS_KEY``)."""
+    R = QuotaType.REQUEST_PERCENTAGE
+    configs: dict[QuotaEntity, dict[QuotaType, float]] = {E("u"): {}}
+    if byte_type is not None:
+        configs[E("u")][byte_type] = byte_limit
+    if time_limit is not None:
+        configs[E("u")][R] = time_limit
+    byte_res = resolve(configs, byte_type, "u", "c") if byte_type is not None else None
+    time_res = resolve(configs, R, "u", "c") if time_limit is not None else None
+    sensors = QuotaSensors()
+    meter = sensors.meter(byte_type, byte_res, time_res, now_ms=0)
+    now = 0
+    for gap, size, handler_ns in steps:
+        now += gap
+        for name, value in sensors.charge(meter, size, handler_ns, now):
+            assert name == name.lower() and not _NAME_REFUSED.search(name), name
+            assert not _VALUE_REFUSED.search(value), value
+            assert name not in (b"content-length", b"connection", b"transfer-encoding")
 
 
 @settings(max_examples=200, deadline=None)
