@@ -291,7 +291,8 @@ class WholeCycle(httptools_impl.RequestResponseCycle):
       ``receive``'s event and message dict;
     * :meth:`send` writes a whole answer from one ``http.response.start`` message that
       carries its body under ``WHOLE_BODY_KEY`` (and, under ``BUILT_FIELDS_KEY``, fields
-      the broker built itself, written unchecked): head and body in one ``writelines``, no
+      the broker built itself, written unchecked; a Content-Length the body's when the
+      message has none): head and body in one ``writelines``, no
       second message, no second trip through every ``send`` wrapper (the quota's, the CORS
       headers', the access log's pass the message on as it is, key included).
 
@@ -351,7 +352,9 @@ class WholeCycle(httptools_impl.RequestResponseCycle):
                 content.extend((name, b": ", value, b"\r\n"))
         for name, value in message.get(BUILT_FIELDS_KEY, ()):
             content.extend((name, b": ", value, b"\r\n"))
-        if length is None or not length.isdigit() or int(length) != len(body):
+        if length is None:  # the body's, last, as _send_two hands it to uvicorn
+            content.append(b"content-length: %d\r\n" % len(body))
+        elif not length.isdigit() or int(length) != len(body):
             return self._send_two(message, body)  # uvicorn says what is wrong with it
         if close:
             content.append(b"connection: close\r\n")
@@ -368,7 +371,10 @@ class WholeCycle(httptools_impl.RequestResponseCycle):
 
     async def _send_two(self, message: Any, body: bytes) -> None:
         start: Any = {k: v for k, v in message.items() if k not in _WHOLE_KEYS}
-        start["headers"] = [*message.get("headers", ()), *message.get(BUILT_FIELDS_KEY, ())]
+        fields = [*message.get("headers", ()), *message.get(BUILT_FIELDS_KEY, ())]
+        if not any(name.lower() == b"content-length" for name, _ in fields):
+            fields.append((b"content-length", b"%d" % len(body)))
+        start["headers"] = fields
         await super().send(start)
         await super().send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -641,6 +647,11 @@ class RememberedSearch(dict[bytes, "re.Match[bytes] | None"]):
                 self.clear()
             self[subject] = found
         return found
+
+
+def original_pattern(pattern: re.Pattern[bytes] | RememberedSearch) -> re.Pattern[bytes]:
+    """uvicorn's pattern itself, remembered or not."""
+    return pattern.pattern if isinstance(pattern, RememberedSearch) else pattern
 
 
 def remember_header_checks() -> None:

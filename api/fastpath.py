@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http import httptools_impl
 
 from cluster.forwarding import ROUTES, direct_route
 from core_log.errors import ErrorCode, LogbusError
@@ -23,7 +24,13 @@ from core_log.errors import ErrorCode, LogbusError
 from . import guard, quota_gate, records, streams
 from .access import Access, require_transactional
 from .budgets import RETRY_AFTER_S, BodyGuard, Budgets, ByteBudget, budget_exhausted
-from .connections import WHOLE_ANSWERS_KEY, WHOLE_BODY_KEY, WholeCycle
+from .connections import (
+    BUILT_FIELDS_KEY,
+    WHOLE_ANSWERS_KEY,
+    WHOLE_BODY_KEY,
+    WholeCycle,
+    original_pattern,
+)
 from .guard import BrowserPolicy
 from .params import PARTITION_MAX
 from .problems import PROBLEM_JSON, payload_too_large, problem_bytes
@@ -369,10 +376,41 @@ def _start(reply: records.Reply) -> dict[str, Any]:
 
 def _whole_start(reply: records.Reply) -> dict[str, Any]:
     """``reply`` as one start message that carries its body, for a server that takes whole
-    answers (the broker's, :class:`WholeCycle`)."""
-    start = _start(reply)
-    start[WHOLE_BODY_KEY] = reply.body
-    return start
+    answers (the broker's, :class:`WholeCycle`, which adds the Content-Length): its
+    Content-Type among the fields the broker built."""
+    raw: list[tuple[bytes, bytes]] = []
+    if reply.headers:
+        raw.extend((k.lower().encode(), v.encode()) for k, v in reply.headers.items())
+    built = _CONTENT_TYPES.get(reply.content_type)
+    if built is None:
+        built = _content_type_field(reply.content_type)
+    if not built:
+        raw.append((b"content-type", reply.content_type.encode()))  # uvicorn checks it
+    return {
+        "type": "http.response.start",
+        "status": reply.status,
+        "headers": raw,
+        BUILT_FIELDS_KEY: [*built],
+        WHOLE_BODY_KEY: reply.body,
+    }
+
+
+# An answer's Content-Type (the broker's own media types) → its field, checked once: at most
+# this many remembered.
+CONTENT_TYPES_MAX = 64
+_CONTENT_TYPES: dict[str, tuple[tuple[bytes, bytes], ...]] = {}
+
+
+def _content_type_field(content_type: str) -> tuple[tuple[bytes, bytes], ...]:
+    """The Content-Type field of ``content_type`` as a built field (empty: it fails
+    uvicorn's check, so it goes with the checked fields, to be refused there)."""
+    value = content_type.encode()
+    valid = not original_pattern(httptools_impl.HEADER_VALUE_RE).search(value)
+    field = ((b"content-type", value),) if valid else ()
+    if len(_CONTENT_TYPES) >= CONTENT_TYPES_MAX:
+        _CONTENT_TYPES.clear()
+    _CONTENT_TYPES[content_type] = field
+    return field
 
 
 async def send_reply(send: Send, reply: records.Reply) -> None:

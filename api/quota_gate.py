@@ -460,8 +460,10 @@ def _metered(
         if WHOLE_BODY_KEY in message:  # a whole answer, made for this send: no copy
             value = 0 if message["status"] == 413 else body_bytes
             handler_ns = 0 if timed is None else timed.so_far()
-            fields = quotas.sensors.charge(meter, value, handler_ns, quotas.clock())
-            message[BUILT_FIELDS_KEY] = fields  # the server writes them unchecked
+            built = message.get(BUILT_FIELDS_KEY)  # the server writes these unchecked
+            fields = quotas.sensors.charge(meter, value, handler_ns, quotas.clock(), built)
+            if built is None:
+                message[BUILT_FIELDS_KEY] = fields
             return send(message)
         if message["type"] == "http.response.start":
             value = 0 if message["status"] == 413 else body_bytes

@@ -153,6 +153,7 @@ _VALUES = st.binary(min_size=0, max_size=40).map(
     keep_alive=st.booleans(),
     built=st.none() | st.lists(st.tuples(_BUILT_NAMES, st.integers(0, 10**12)), max_size=3),
     write_paused=st.booleans(),
+    length_given=st.booleans(),
 )
 def test_a_whole_answer_writes_the_bytes_uvicorn_writes_for_its_two_messages(
     status: int,
@@ -161,19 +162,17 @@ def test_a_whole_answer_writes_the_bytes_uvicorn_writes_for_its_two_messages(
     keep_alive: bool,
     built: list[tuple[bytes, int]] | None,
     write_paused: bool,
+    length_given: bool,
 ) -> None:
     """At once, or through uvicorn's send when the client takes nothing now; with fields
-    the broker built (``BUILT_FIELDS_KEY``) written after the others, as uvicorn writes
-    them when they are the last of the start message's."""
-    fields = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *extra,
-    ]
+    the broker built (``BUILT_FIELDS_KEY``) written after the others, and without a
+    Content-Length the body's written last: as uvicorn writes them when they are the last
+    of the start message's."""
+    length = (b"content-length", str(len(body)).encode())
+    fields = [(b"content-type", b"application/json"), *([length] if length_given else []), *extra]
     built_fields = None if built is None else [(k, str(v).encode()) for k, v in built]
-    expected, closed, completions = run(
-        uvicorns(status, [*fields, *(built_fields or ())], body, keep_alive=keep_alive)
-    )
+    as_uvicorn = [*fields, *(built_fields or ()), *([] if length_given else [length])]
+    expected, closed, completions = run(uvicorns(status, as_uvicorn, body, keep_alive=keep_alive))
     got, got_closed, got_completions, recorder = run(
         wholes(
             status,
@@ -205,19 +204,17 @@ def test_a_whole_answer_refuses_a_field_uvicorn_refuses(fields: list[tuple[bytes
         run(wholes(200, fields, body))
 
 
-@pytest.mark.parametrize("length", [b"1", b"3", None])
-def test_a_whole_answer_whose_length_is_wrong_or_missing_goes_through_uvicorn(
-    length: bytes | None,
-) -> None:
-    """A Content-Length that is not the body's is uvicorn's error; none makes a chunked answer."""
+@pytest.mark.parametrize("length", [b"1", b"3", b"x"])
+def test_a_whole_answer_whose_length_is_wrong_goes_through_uvicorn(length: bytes) -> None:
+    """A Content-Length that is not the body's is uvicorn's error, said as uvicorn says it."""
     body = b"{}"
-    fields = [] if length is None else [(b"content-length", length)]
+    fields = [(b"content-length", length)]
 
     def outcome(coro: Any) -> Any:
         try:
             return run(coro)[:3]
-        except RuntimeError as e:
-            return str(e)
+        except (RuntimeError, ValueError) as e:
+            return f"{type(e).__name__}: {e}"
 
     assert outcome(wholes(200, fields, body)) == outcome(uvicorns(200, fields, body))
 
@@ -383,3 +380,22 @@ def test_the_brokers_server_takes_the_lean_lane_and_leaves_nothing_to_collect(
     # Each run's connections (warm-up and measured) keep their last request's cycle until
     # the collector frees them (a protocol and its transport refer to each other).
     assert left <= 2 * connections
+
+
+def test_the_fast_paths_whole_answer_builds_its_content_type_once_and_checks_a_bad_one() -> None:
+    """The broker's own media types are built fields (checked once, remembered); one that
+    fails uvicorn's check stays with the checked fields, where the cycle refuses it."""
+    from api import fastpath
+    from api.records import Reply
+
+    good = fastpath._whole_start(Reply(200, b"{}", "application/json"))
+    assert good[BUILT_FIELDS_KEY] == [(b"content-type", b"application/json")]
+    assert good["headers"] == [] and good[WHOLE_BODY_KEY] == b"{}"
+    assert fastpath._CONTENT_TYPES["application/json"] == ((b"content-type", b"application/json"),)
+    bad = fastpath._whole_start(Reply(503, b"{}", "a\r\nb", headers={"Retry-After": "1"}))
+    assert bad[BUILT_FIELDS_KEY] == []
+    assert bad["headers"] == [(b"retry-after", b"1"), (b"content-type", b"a\r\nb")]
+    with pytest.raises(RuntimeError, match="Invalid HTTP header value"):
+        run(wholes(503, bad["headers"], b"{}"))
+    sent = run(wholes(200, good["headers"], b"{}", built=good[BUILT_FIELDS_KEY]))[0]
+    assert sent.endswith(b"content-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
