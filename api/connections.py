@@ -205,30 +205,30 @@ class HeadHeld:
     Content-Length (chunked streams: SSE), ``100 Continue`` and bodies pass straight through.
     One per connection; the protocol calls :meth:`flush` when an answer completes."""
 
-    __slots__ = ("_held", "transport")
+    __slots__ = ("held", "transport")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        self._held: bytes | None = None
+        self.held: bytes | None = None  # a head waiting for its body
 
     def write(self, data: bytes | memoryview) -> None:
-        held = self._held
+        held = self.held
         if held is not None:
-            self._held = None
+            self.held = None
             self.transport.writelines((held, data))
         elif type(data) is bytes and data.startswith(_STATUS_LINE) and _CONTENT_LENGTH in data:
-            self._held = data
+            self.held = data
         else:
             self.transport.write(data)
 
     def writelines(self, data: tuple[bytes, ...]) -> None:
         """Write ``data`` after a held head, in one ``writelines``."""
-        held, self._held = self._held, None
+        held, self.held = self.held, None
         self.transport.writelines(data if held is None else (held, *data))
 
     def flush(self) -> None:
         """Send a held head, if any."""
-        held, self._held = self._held, None
+        held, self.held = self.held, None
         if held is not None:
             self.transport.write(held)
 
@@ -337,19 +337,22 @@ class WholeCycle(httptools_impl.RequestResponseCycle):
         content = [httptools_impl.STATUS_LINE[status]]
         length: bytes | None = None
         close = not self.keep_alive
+        # The server's own fields (its date: the broker configures no others) as it wrote
+        # them, then the answer's, checked, then those the broker built.
+        for name, value in self.default_headers:
+            content.extend((name, b": ", value, b"\r\n"))
         header_re, value_re = httptools_impl.HEADER_RE, httptools_impl.HEADER_VALUE_RE
-        for fields in (self.default_headers, message.get("headers", ())):
-            for name, value in fields:
-                if header_re.search(name):
-                    raise RuntimeError("Invalid HTTP header name.")
-                if value_re.search(value):
-                    raise RuntimeError("Invalid HTTP header value.")
-                name = name.lower()
-                if name == b"content-length":
-                    length = value if length is None else length
-                elif name in _UVICORNS_FIELDS:
-                    return self._send_two(message, body)  # its rules, not repeated here
-                content.extend((name, b": ", value, b"\r\n"))
+        for name, value in message.get("headers", ()):
+            if header_re.search(name):
+                raise RuntimeError("Invalid HTTP header name.")
+            if value_re.search(value):
+                raise RuntimeError("Invalid HTTP header value.")
+            name = name.lower()
+            if name == b"content-length":
+                length = value if length is None else length
+            elif name in _UVICORNS_FIELDS:
+                return self._send_two(message, body)  # its rules, not repeated here
+            content.extend((name, b": ", value, b"\r\n"))
         for name, value in message.get(BUILT_FIELDS_KEY, ()):
             content.extend((name, b": ", value, b"\r\n"))
         if length is None:  # the body's, last, as _send_two hands it to uvicorn
@@ -459,7 +462,7 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._cancel_head_timer()
+        self._head_armed = False  # _cancel_head_timer, inlined: every request passes here
         self.gate.busy(self)
         self._body_pending = True
         self._body_progress = self.loop.time()
@@ -505,12 +508,14 @@ class LimitedHttpProtocol(_StallOnPause, HttpToolsProtocol):
         but the keep-alive timeout moves the deadline of one timer per connection instead of
         creating a timer for each answer (which the next request's first bytes then cancel):
         a timer made and cancelled costs ≈ 1-6 µs under uvloop, a deadline moved a float."""
-        if self._head_held is not None:
-            self._head_held.flush()
+        head_held = self._head_held
+        if head_held is not None and head_held.held is not None:
+            head_held.flush()
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
+        if self.flow.read_paused:  # its resume_reading's own test, without the call
+            self.flow.resume_reading()
         if self.pipeline:  # the next request starts now: not idle
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
