@@ -898,6 +898,27 @@ class Broker:
             checked=checked,
         )
 
+    def append_built(
+        self,
+        topic: str,
+        partition: int,
+        data: bytes,
+        acks: Acks,
+        checked: list[BatchHeader],
+    ) -> Awaitable[AppendResult]:
+        """:meth:`append` of a client's records the broker built into ``data`` itself, with
+        their ``checked`` headers (:func:`core_log.batch.built_headers`), neither internal,
+        directed nor transactional; returned as something to await. On a single broker it is
+        the partition's :meth:`core_log.manager.Partition.append_built` (the gathered append's
+        future where it can be: no coroutine of this method's own in the request's chain);
+        in a cluster, :meth:`append`'s coroutine. Raises what :meth:`append` raises."""
+        if self.replicas is not None and self.forwarder is not None:
+            return self.append(topic, partition, data, acks, checked=checked)
+        _check_not_internal(topic)
+        p = self.partition(topic, partition)
+        self._check_not_fenced(data)
+        return p.append_built(data, checked, durable=acks is Acks.ALL)
+
     async def write_marker(
         self,
         topic: str,

@@ -54,7 +54,7 @@ import shutil
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -377,15 +377,54 @@ class Partition:
             view, headers = self.log.split(data)
         else:
             view, headers = memoryview(data), checked
-        if not self.log.gatherable(headers):
+        future = self._joined(view, headers, leader_epoch, durable, max_bytes)
+        if future is None:
             return await self._append_pending(
                 _PendingAppend(view, leader_epoch, False, durable, True)
             )
-        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        if not self._gathered:
-            asyncio.get_running_loop().call_soon(self._write_gathered, max_bytes)
-        self._gathered.append(_Gathered(view, headers, leader_epoch, durable, future))
         return await future
+
+    def append_built(
+        self,
+        data: bytes,
+        checked: list[BatchHeader],
+        *,
+        leader_epoch: int = 0,
+        durable: bool = False,
+    ) -> Awaitable[AppendResult]:
+        """:meth:`append` of batches the broker built with their ``checked`` headers, neither
+        follower nor transactional, returned as something to await: where they can be
+        gathered (most one-record produces) the gathered append's future itself, without the
+        two coroutines :meth:`append` and :meth:`_gather` would add to the request's chain;
+        else :meth:`append`'s coroutine. The same checks, order and outcome as :meth:`append`
+        (KAFKA_STORAGE_ERROR raised here when the log directory is offline)."""
+        self.log_dir.check()
+        if len(data) < OFF_LOOP_IO_BYTES:
+            future = self._joined(
+                memoryview(data), checked, leader_epoch, durable, OFF_LOOP_IO_BYTES - 1
+            )
+            if future is not None:
+                return future
+        return self.append(data, leader_epoch=leader_epoch, durable=durable, checked=checked)
+
+    def _joined(
+        self,
+        view: memoryview,
+        headers: list[BatchHeader],
+        leader_epoch: int,
+        durable: bool,
+        max_bytes: int,
+    ) -> asyncio.Future[AppendResult] | None:
+        """The future of checked batches gathered into this turn's append (:meth:`_gather`),
+        or None where they cannot be (:meth:`PartitionLog.gatherable`)."""
+        if not self.log.gatherable(headers):
+            return None
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[AppendResult] = loop.create_future()
+        if not self._gathered:
+            loop.call_soon(self._write_gathered, max_bytes)
+        self._gathered.append(_Gathered(view, headers, leader_epoch, durable, future))
+        return future
 
     def _write_gathered(self, max_bytes: int) -> None:
         """Append what :meth:`_gather` collected: consecutive requests of the same leader epoch
