@@ -237,8 +237,7 @@ def _cut(app: _App, cut: str) -> Iterator[None]:
         )
         [(p, rs)] = groups.items()
         data, checked = records.built_batches(rs, broker.log_config(topic).max_message_bytes)
-        await broker.append(topic, p, data, acks, checked=checked)
-        return fixed()
+        return await broker.append_built(topic, p, data, acks, checked, lambda _: fixed())
 
     saved = (app.app, records.produce, records._produce_parsed)
     if cut == "app":
