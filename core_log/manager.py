@@ -455,19 +455,21 @@ class Partition:
     def _write_gathered(self, max_bytes: int) -> None:
         """Append what :meth:`_gather` collected: consecutive requests of the same leader epoch
         and durability, up to ``max_bytes`` at a time, each run as one append."""
-        gathered = [g for g in self._gathered if not g.future.done()]
-        self._gathered = []
+        gathered, self._gathered = self._gathered, []
         run: list[_Gathered] = []
-        size = 0
-        for g in gathered:
-            if run and (
-                (g.leader_epoch, g.durable) != (run[0].leader_epoch, run[0].durable)
-                or size + len(g.view) > max_bytes
-            ):
+        size = epoch = 0
+        durable = False
+        for g in gathered:  # once for every request of a turn: no tuples, no second pass
+            if g.future.done():  # its caller went away: never appended
+                continue
+            n = len(g.view)
+            if run and (g.leader_epoch != epoch or g.durable != durable or size + n > max_bytes):
                 self._append_run(run)
                 run, size = [], 0
+            if not run:
+                epoch, durable = g.leader_epoch, g.durable
             run.append(g)
-            size += len(g.view)
+            size += n
         if run:
             self._append_run(run)
 
