@@ -503,7 +503,7 @@ def _offsets_reply(
 ) -> Callable[[int], Reply]:
     """The answer to records appended to partition ``p`` from its first offset."""
     if len(placement) == 1 and acks is not Acks.NONE:  # one record: no dicts, no encoder
-        return lambda first: Reply(200, ONE_OFFSET % (p, first), records=1, size_bytes=size)
+        return lambda first: Reply(200, ONE_OFFSET % (p, first), JSON, {}, 1, size)  # by position
     return lambda first: _produce_reply(
         acks, [{"partition": p, "offset": first + j} for _, j in placement], len(placement), size
     )
