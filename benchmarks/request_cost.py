@@ -191,7 +191,7 @@ def _produce_headers(body: bytes) -> list[tuple[bytes, bytes]]:
     ]
 
 
-CUTS = ("none", "app", "front-door", "parse", "checks", "build", "append")
+CUTS = ("none", "app", "front-door", "parse", "checks", "build")
 _FIXED_ANSWER = b'{"offsets":[{"partition":0,"offset":1}]}'
 
 
@@ -201,8 +201,7 @@ def _cut(app: _App, cut: str) -> Iterator[None]:
     instructions of each stage are the differences between cuts (``app``: a bare ASGI app in
     place of the broker's, the harness alone; ``front-door``: produce answers at once;
     ``parse``: after the body is read and parsed; ``checks``: after produce's checks, before
-    routing; ``build``: after the batch is built, before the append; ``append``: once the append has
-    returned, before the answer's offsets and body)."""
+    routing; ``build``: after the batch is built, before the append)."""
     from api import records
 
     def fixed() -> records.Reply:
@@ -229,16 +228,6 @@ def _cut(app: _App, cut: str) -> Iterator[None]:
         records.built_batches(rs, broker.log_config(topic).max_message_bytes)
         return fixed()
 
-    async def appended(
-        broker: Any, topic: str, partition: Any, acks: Any, items: Any, count: int
-    ) -> records.Reply:
-        groups, _ = records._route(
-            broker, topic, partition, items, broker.sticky.next_partition(count)
-        )
-        [(p, rs)] = groups.items()
-        data, checked = records.built_batches(rs, broker.log_config(topic).max_message_bytes)
-        return await broker.append_built(topic, p, data, acks, checked, lambda _: fixed())
-
     saved = (app.app, records.produce, records._produce_parsed)
     if cut == "app":
         from benchmarks import bare_asgi
@@ -252,8 +241,6 @@ def _cut(app: _App, cut: str) -> Iterator[None]:
         records._produce_parsed = at_once  # type: ignore[assignment]
     elif cut == "build":
         records._produce_parsed = built  # type: ignore[assignment]
-    elif cut == "append":
-        records._produce_parsed = appended  # type: ignore[assignment]
     try:
         yield
     finally:  # the module as it was: tests run this in their own process
