@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -46,6 +46,7 @@ from core_log.errors import ErrorCode, LogbusError, RecordTooLargeError
 from core_log.isolation import committed_bytes
 from core_log.limits import OFF_LOOP_IO_BYTES
 from core_log.log import AppendResult, CommittedReadResult, ReadResult
+from core_log.manager import answered_by
 from core_log.recordjson import read_on_from
 
 from .guard import media_type
@@ -499,31 +500,58 @@ def _counted(
     return parsed
 
 
-async def _produce_parsed(
+def _produce_parsed(
     broker: Broker,
     topic: str,
     partition: int | None,
     acks: Acks,
     parsed: list[tuple[int | None, Record]],
     partition_count: int,
-) -> Reply:
-    """Route records to partitions, build every batch, then append (one call per partition)."""
+) -> Awaitable[Reply]:
+    """Route records to partitions, build every batch, then append (one call per partition);
+    the answer, to await. Records to one partition (most requests): the append answers with
+    the reply itself (:meth:`Broker.append_built`: no coroutine of its own or of this
+    function's in the request's chain on a single broker)."""
     sticky = broker.sticky.next_partition(partition_count)
     groups, placement = _route(broker, topic, partition, parsed, sticky)
     max_message_bytes = broker.log_config(topic).max_message_bytes
     if len(groups) == 1:  # most requests: no task (gather of one: ≈ 12 µs), no dicts
         [(p, rs)] = groups.items()
         data, checked = built_batches(rs, max_message_bytes)
-        first = (await broker.append(topic, p, data, acks, checked=checked)).base_offset
-        offsets = [{"partition": p, "offset": first + j} for _, j in placement]
-        return _produce_reply(acks, offsets, len(parsed), len(data))
+        answer = _offsets_reply(acks, p, placement, len(data))
+        if checked is None:
+            return answered_by(broker.append(topic, p, data, acks), answer)
+        return broker.append_built(topic, p, data, acks, checked, answer)
+    return _produce_groups(broker, topic, acks, groups, placement, max_message_bytes)
+
+
+def _offsets_reply(
+    acks: Acks, p: int, placement: list[tuple[int, int]], size: int
+) -> Callable[[int], Reply]:
+    """The answer to records appended to partition ``p`` from its first offset."""
+    if len(placement) == 1 and acks is not Acks.NONE:  # one record: no dicts, no encoder
+        return lambda first: Reply(200, ONE_OFFSET % (p, first), JSON, {}, 1, size)  # by position
+    return lambda first: _produce_reply(
+        acks, [{"partition": p, "offset": first + j} for _, j in placement], len(placement), size
+    )
+
+
+async def _produce_groups(
+    broker: Broker,
+    topic: str,
+    acks: Acks,
+    groups: dict[int, list[Record]],
+    placement: list[tuple[int, int]],
+    max_message_bytes: int,
+) -> Reply:
+    """Records to several partitions: their appends concurrently."""
     payloads = {p: build_batches(rs, max_message_bytes) for p, rs in groups.items()}
     results = await asyncio.gather(
         *(broker.append(topic, p, data, acks) for p, data in payloads.items())
     )
     base = {p: r.base_offset for p, r in zip(payloads, results, strict=True)}
     offsets = [{"partition": p, "offset": base[p] + j} for p, j in placement]
-    return _produce_reply(acks, offsets, len(parsed), sum(map(len, payloads.values())))
+    return _produce_reply(acks, offsets, len(placement), sum(map(len, payloads.values())))
 
 
 def built_batches(
@@ -583,6 +611,11 @@ def _route(
         placement.append((p, len(group)))
         group.append(record)
     return groups, placement
+
+
+# The answer to a one-record produce, as :func:`_produce_reply` encodes it (orjson: no spaces;
+# tests/api/test_produce_reply.py checks they agree).
+ONE_OFFSET: Final = b'{"offsets":[{"partition":%d,"offset":%d}]}'
 
 
 def _produce_reply(acks: Acks, offsets: list[dict[str, int]], count: int, size: int) -> Reply:

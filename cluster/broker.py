@@ -42,7 +42,7 @@ from core_log.errors import (
 )
 from core_log.limits import DEFAULT_MAX_BROKER_PARTITIONS, MAX_PARTITIONS_PER_TOPIC
 from core_log.log import AppendResult
-from core_log.manager import LogManager, Partition, validate_topic_name
+from core_log.manager import LogManager, Partition, answered_by, validate_topic_name
 
 from .controller import (
     Controller,
@@ -897,6 +897,29 @@ class Broker:
             transactional=transactional,
             checked=checked,
         )
+
+    def append_built(
+        self,
+        topic: str,
+        partition: int,
+        data: bytes,
+        acks: Acks,
+        checked: list[BatchHeader],
+        answer: Callable[[int], T],
+    ) -> Awaitable[T]:
+        """:meth:`append` of a client's records the broker built into ``data`` itself, with
+        their ``checked`` headers (:func:`core_log.batch.built_headers`), neither internal,
+        directed nor transactional, answered by ``answer(first offset)``; returned as
+        something to await. On a single broker it is the partition's
+        :meth:`core_log.manager.Partition.append_built` (where the append is gathered, its
+        future: no coroutine of this method's own in the request's chain); in a cluster,
+        :meth:`append`'s. Raises what :meth:`append` raises."""
+        if self.replicas is not None and self.forwarder is not None:
+            return answered_by(self.append(topic, partition, data, acks, checked=checked), answer)
+        _check_not_internal(topic)
+        p = self.partition(topic, partition)
+        self._check_not_fenced(data)
+        return p.append_built(data, checked, answer, durable=acks is Acks.ALL)
 
     async def write_marker(
         self,

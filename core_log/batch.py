@@ -178,13 +178,17 @@ def records_in(headers: Sequence[BatchHeader]) -> int:
 
 
 def largest_batch(headers: Sequence[BatchHeader]) -> int:
-    """The largest batch's stored size (0 for none)."""
-    return max(map(_BATCH_LENGTH, headers), default=-LOG_OVERHEAD) + LOG_OVERHEAD
+    """The largest batch's stored size (0 for none). (``max`` without its ``default=``: the
+    keyword costs ≈ 0.2 µs, more than the pass over one header.)"""
+    if not headers:
+        return 0
+    longest: int = max(map(_BATCH_LENGTH, headers))
+    return longest + LOG_OVERHEAD
 
 
 def any_producer_id(headers: Sequence[BatchHeader]) -> bool:
     """Whether any batch has a producer id (idempotent or transactional)."""
-    return max(map(_PRODUCER_ID, headers), default=-1) >= 0
+    return bool(headers) and max(map(_PRODUCER_ID, headers)) >= 0
 
 
 @dataclass(slots=True)

@@ -379,6 +379,9 @@ class PartitionLog:
         if self.config.log_append_time or self._target_compression() is not None:
             return False
         limit = self.config.max_message_bytes
+        if len(headers) == 1:  # one batch (most requests): two fields, not two passes
+            h = headers[0]
+            return h.producer_id < 0 and h.batch_length + LOG_OVERHEAD <= limit
         return not any_producer_id(headers) and largest_batch(headers) <= limit
 
     def try_append_split(

@@ -54,10 +54,10 @@ import shutil
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from . import executors
 from .batch import (
@@ -93,6 +93,7 @@ from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
 log = logging.getLogger("logbus.storage")
 _Read = TypeVar("_Read", bound=ReadResult)
+T = TypeVar("T")
 
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 DEFAULT_CLEANER_BACKOFF_MS = 15_000  # Kafka's log.cleaner.backoff.ms
@@ -187,7 +188,15 @@ class _Gathered:
     headers: list[BatchHeader]
     leader_epoch: int
     durable: bool
-    future: asyncio.Future[AppendResult]
+    # Resolved with the request's AppendResult, or with ``answer(its first offset)``.
+    future: asyncio.Future[Any]
+    answer: Callable[[int], Any] | None = None
+
+
+async def answered_by(append: Awaitable[AppendResult], answer: Callable[[int], T]) -> T:
+    """``answer`` of the first offset of ``append`` (:meth:`Partition.append_built` where the
+    append cannot be gathered)."""
+    return answer((await append).base_offset)
 
 
 def _answer_run(run: list[_Gathered], outcome: AppendResult | BaseException) -> None:
@@ -211,7 +220,14 @@ def _answer_run(run: list[_Gathered], outcome: AppendResult | BaseException) -> 
         else:
             span = offsets_spanned(headers)
             records = records_in(headers)
-        if not g.future.done():
+        if g.future.done():
+            pass
+        elif g.answer is not None:  # a built append: its caller's answer, no AppendResult
+            try:
+                g.future.set_result(g.answer(offset))
+            except Exception as e:  # the rest of the run is still answered
+                g.future.set_exception(e)
+        else:
             g.future.set_result(
                 AppendResult(
                     base_offset=offset,
@@ -377,32 +393,83 @@ class Partition:
             view, headers = self.log.split(data)
         else:
             view, headers = memoryview(data), checked
-        if not self.log.gatherable(headers):
+        future: asyncio.Future[AppendResult] | None = self._joined(
+            view, headers, leader_epoch, durable, max_bytes, None
+        )
+        if future is None:
             return await self._append_pending(
                 _PendingAppend(view, leader_epoch, False, durable, True)
             )
-        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        if not self._gathered:
-            asyncio.get_running_loop().call_soon(self._write_gathered, max_bytes)
-        self._gathered.append(_Gathered(view, headers, leader_epoch, durable, future))
         return await future
+
+    def append_built(
+        self,
+        data: bytes,
+        checked: list[BatchHeader],
+        answer: Callable[[int], T],
+        *,
+        leader_epoch: int = 0,
+        durable: bool = False,
+    ) -> Awaitable[T]:
+        """:meth:`append` of batches the broker built with their ``checked`` headers (neither
+        follower nor transactional), answered by ``answer(first offset)`` once :meth:`append`
+        would have returned, as something to await: where the batches can be gathered (most
+        one-record produces) the gathered append's future, resolved with the answer by the run
+        that writes them — no coroutine of :meth:`append` and :meth:`_gather`, no
+        :class:`AppendResult`, nor the caller's own coroutine to turn it into its answer in
+        the request's chain — else :meth:`append`'s coroutine (:func:`answered_by`). The same
+        checks, order and outcome as :meth:`append`; ``answer`` must not raise (if it does,
+        that is what the await raises). KAFKA_STORAGE_ERROR is raised here when the log
+        directory is offline."""
+        self.log_dir.check()
+        if len(data) < OFF_LOOP_IO_BYTES:
+            view = memoryview(data)
+            future = self._joined(
+                view, checked, leader_epoch, durable, OFF_LOOP_IO_BYTES - 1, answer
+            )
+            if future is not None:
+                return future
+        append = self.append(data, leader_epoch=leader_epoch, durable=durable, checked=checked)
+        return answered_by(append, answer)
+
+    def _joined(
+        self,
+        view: memoryview,
+        headers: list[BatchHeader],
+        leader_epoch: int,
+        durable: bool,
+        max_bytes: int,
+        answer: Callable[[int], Any] | None,
+    ) -> asyncio.Future[Any] | None:
+        """The future of checked batches gathered into this turn's append (:meth:`_gather`),
+        or None where they cannot be (:meth:`PartitionLog.gatherable`)."""
+        if not self.log.gatherable(headers):
+            return None
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._gathered:
+            loop.call_soon(self._write_gathered, max_bytes)
+        self._gathered.append(_Gathered(view, headers, leader_epoch, durable, future, answer))
+        return future
 
     def _write_gathered(self, max_bytes: int) -> None:
         """Append what :meth:`_gather` collected: consecutive requests of the same leader epoch
         and durability, up to ``max_bytes`` at a time, each run as one append."""
-        gathered = [g for g in self._gathered if not g.future.done()]
-        self._gathered = []
+        gathered, self._gathered = self._gathered, []
         run: list[_Gathered] = []
-        size = 0
-        for g in gathered:
-            if run and (
-                (g.leader_epoch, g.durable) != (run[0].leader_epoch, run[0].durable)
-                or size + len(g.view) > max_bytes
-            ):
+        size = epoch = 0
+        durable = False
+        for g in gathered:  # once for every request of a turn: no tuples, no second pass
+            if g.future.done():  # its caller went away: never appended
+                continue
+            n = len(g.view)
+            if run and (g.leader_epoch != epoch or g.durable != durable or size + n > max_bytes):
                 self._append_run(run)
                 run, size = [], 0
+            if not run:
+                epoch, durable = g.leader_epoch, g.durable
             run.append(g)
-            size += len(g.view)
+            size += n
         if run:
             self._append_run(run)
 
