@@ -399,17 +399,23 @@ async def _gated(
         nonlocal status, pacer, captured_size
         if message["type"] == "http.response.start":
             status = message["status"]
+            whole: bytes | None = message.get(WHOLE_BODY_KEY)  # a whole answer's body
             if meter is not None:
                 value = received
                 if byte_type is C and byte_res is not None:
                     length = _content_length(message.get("headers", ()))
-                    if length is not None and length.isdigit():
+                    if whole is not None:  # its Content-Length is the server's to write
+                        value = len(whole)
+                    elif length is not None and length.isdigit():
                         value = int(length)
                     else:  # a stream: measured chunk by chunk
                         pacer = _Pacer(quotas, C, byte_res)
                         value = 0
                 fields = quotas.charge(meter, value, 0 if timed is None else timed.so_far())
                 message = {**message, "headers": [*message.get("headers", ()), *fields]}
+            if whole is not None and mutation and 200 <= status < 300:
+                captured.append(whole[:MAX_CAPTURED_BYTES])
+                captured_size += len(captured[-1])
         elif message["type"] == "http.response.body":
             body = message.get("body", b"")
             if pacer is not None and body:

@@ -399,3 +399,29 @@ def test_the_fast_paths_whole_answer_builds_its_content_type_once_and_checks_a_b
         run(wholes(503, bad["headers"], b"{}"))
     sent = run(wholes(200, good["headers"], b"{}", built=good[BUILT_FIELDS_KEY]))[0]
     assert sent.endswith(b"content-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+
+
+def test_a_whole_fetch_answer_is_charged_to_its_consume_quota(
+    shared_broker: BrokerProcess, http: httpx.Client
+) -> None:
+    """A fetch answered whole has no Content-Length among its fields (the server writes
+    it): the quota gate charges its body's size all the same, which RateLimit's r (what
+    is left of the quota) shows going down by about a page from one fetch to the next."""
+    topic = create_topic(http, "wholequota")
+    records = [{"value": "v" * 1000} for _ in range(20)]
+    assert http.post(f"/v1/topics/{topic}/records", json={"records": records}).status_code == 200
+    body = {"entity": {"client_id": "whole-c"}, "quotas": {"consumer_byte_rate": 100_000}}
+    assert http.put("/v1/quotas", json=body).status_code == 200
+    try:
+        left = []
+        for offset in (0, 5):
+            r = http.get(
+                f"/v1/topics/{topic}/partitions/0/records",
+                params={"offset": offset, "max_records": 5},
+                headers={"Logbus-Client-Id": "whole-c"},
+            )
+            assert r.status_code == 200 and len(r.content) > 5000
+            left.append(int(r.headers["ratelimit"].split(";r=")[1].split(";")[0]))
+        assert left[0] - left[1] >= 4000, left  # a page of ≈ 5.7 KB, less a few ms' refill
+    finally:
+        http.delete("/v1/quotas", params={"client_id": "whole-c"})
