@@ -97,7 +97,14 @@ static PyObject *timer_iternext(StepTimer *self) {
 static PyObject *timer_send_method(StepTimer *self, PyObject *arg) {
     PyObject *result;
     PySendResult r = timer_send(self, arg, &result);
-    if (r == PYGEN_RETURN) return returned(result);
+    if (r == PYGEN_RETURN) {
+        if (result == Py_None) { /* a method, not tp_iternext: the end must be raised */
+            Py_DECREF(result);
+            PyErr_SetNone(PyExc_StopIteration);
+            return NULL;
+        }
+        return returned(result);
+    }
     return result;
 }
 

@@ -64,6 +64,7 @@ from auth_quotas.quotas import Meter, QuotaType, Resolution, Throttle, max_value
 from core_log.errors import LogbusError
 
 from .connections import BUILT_FIELDS_KEY, WHOLE_BODY_KEY
+from .guard import request_headers
 from .problems import PROBLEM_JSON, problem_bytes
 from .quota_state import CLIENT_ID_HEADER, QuotaState, client_id, quota_user
 
@@ -74,6 +75,8 @@ _TOPIC: Final = re.compile(r"^/v1/topics/([^/]+)/?$")
 _ADD_PARTITIONS: Final = re.compile(r"^/v1/topics/([^/]+)/partitions/?$")
 MAX_CAPTURED_BYTES: Final = 64 * 1024  # an admin answer read back for its partition count
 _FORWARDED_BY: Final = b"logbus-forwarded-by"
+_FORWARDED_BY_NAME: Final = _FORWARDED_BY.decode()
+_CLIENT_ID_NAME: Final = CLIENT_ID_HEADER.decode()
 
 P = QuotaType.PRODUCER_BYTE_RATE
 C = QuotaType.CONSUMER_BYTE_RATE
@@ -177,20 +180,19 @@ def serve(
     partition increase; ``default_fetch_bytes``: what a fetch without ``max_bytes`` reads.
     Not a coroutine, nor is what it returns when nothing is measured: the gate adds no frame
     to a request's stack, which every step of its handler would pass through."""
-    forwarded_by = sse = False
-    declared: int | None = None  # the body's declared size
-    client_ids: list[bytes] = []
-    for k, v in scope["headers"]:  # one pass for what the gate reads
-        if k == b"content-length":
-            declared = int(v) if v.isdigit() and len(v) < 20 else None
-        elif k == b"accept":
-            sse = sse or b"text/event-stream" in v.lower()
-        elif k == _FORWARDED_BY:
-            forwarded_by = True
-        elif k == CLIENT_ID_HEADER:
-            client_ids.append(v)
-    if forwarded_by:  # measured where it came in
+    # What the gate reads, from the headers as the front door decoded them (the last of a
+    # repeated one); the raw list only for those that may come more than once.
+    headers = request_headers(scope)
+    if _FORWARDED_BY_NAME in headers:  # measured where it came in
         return app(scope, receive, send)
+    # The body's declared size (isdecimal: latin-1's "²" is a digit to isdigit, not to int).
+    length = headers.get("content-length", "")
+    declared = int(length) if length.isdecimal() and len(length) < 20 else None
+    raw = scope["headers"]
+    sse = "accept" in headers and any(
+        k == b"accept" and b"text/event-stream" in v.lower() for k, v in raw
+    )
+    client_ids = [v for k, v in raw if k == CLIENT_ID_HEADER] if _CLIENT_ID_NAME in headers else []
     is_ws = scope["type"] == "websocket"
     query_too = is_ws or sse
     client = ""  # what client_id says of a request that names none

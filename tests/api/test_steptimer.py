@@ -45,6 +45,29 @@ def test_result_values_and_exceptions_pass_through(impl: Any) -> None:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("value", [None, 7])
+def test_driven_by_hand_the_end_is_a_stop_iteration(impl: Any, value: int | None) -> None:
+    """``send`` called as a method, as a coroutine's driver does outside the event loop:
+    the coroutine's return is StopIteration with its value (the C ``send`` once returned
+    an error without an exception for None: SystemError)."""
+
+    async def returns() -> int | None:
+        return value
+
+    async def outer() -> int | None:
+        return await impl(returns())
+
+    coro = outer()
+    with pytest.raises(StopIteration) as stopped:
+        coro.send(None)
+    assert stopped.value.value == value
+    if impl is not _TimedPy:  # the C timer is its own iterator (the twin awaits one)
+        with pytest.raises(StopIteration) as stopped:
+            impl(returns()).send(None)
+        assert stopped.value.value == value
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_cancellation_reaches_the_coroutine(impl: Any) -> None:
     cleaned: list[str] = []
 
