@@ -66,7 +66,7 @@ from auth_quotas.errors import (
 from cluster.interbroker import HEADER as CREDENTIAL_HEADER
 from core_log.errors import ErrorCode, LogbusError, UnknownTopicOrPartitionError
 
-from .guard import request_headers
+from .guard import replace_headers, request_headers
 from .problems import PROBLEM_JSON, problem_bytes
 from .security import ANONYMOUS_IDENTITY, PRINCIPAL_HEADER, PRINCIPAL_TOPICS_HEADER, Security
 
@@ -469,7 +469,7 @@ class Access:
         # Only a broker may say on whose behalf it asks, or that it forwards a request (which
         # the quota gate then does not measure again: api.quota_gate.serve).
         if broker_only:  # rare: copy only then
-            scope["headers"] = [(k, v) for k, v in scope["headers"] if k not in _BROKER_ONLY]
+            replace_headers(scope, [(k, v) for k, v in scope["headers"] if k not in _BROKER_ONLY])
         query_token = None
         if not authorization and method in ("GET", "WEBSOCKET"):
             query_token = _query_token(scope)

@@ -182,6 +182,13 @@ class BrowserPolicy:
 _HEADERS_KEY = "logbus.headers"
 
 
+def replace_headers(scope: Scope, headers: list[tuple[bytes, bytes]]) -> None:
+    """Give the request ``headers`` instead of its own, and forget their decoded dict
+    (:func:`request_headers` decodes them again when next asked)."""
+    scope["headers"] = headers
+    scope.pop(_HEADERS_KEY, None)
+
+
 def request_headers(scope: Scope) -> dict[str, str]:
     """The request's headers by lower-case name (the last of a repeated one), decoded once per
     request and kept in its scope: the front door's checks and the handler all read them."""
