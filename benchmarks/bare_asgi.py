@@ -2,9 +2,10 @@
 
 It reads the whole request body and answers a fixed JSON body of the size of a produce answer,
 served by uvicorn with the broker's protocol choices (httptools, uvloop, no access log, no
-proxy headers, no ``server`` header) and the broker's collector threshold (:func:`api.server.tune_gc`) on one
-process. ``python -m benchmarks.bare_asgi --port P`` serves it; :mod:`benchmarks.per_request`
-starts it in the same run as the broker and compares the two under the same wrk load.
+proxy headers, no ``server`` header) and the broker's collector threshold
+(:func:`api.server.tune_gc`) on one process. ``python -m benchmarks.bare_asgi --port P``
+serves it; :mod:`benchmarks.per_request` starts it in the same run as the broker and compares
+the two under the same wrk load.
 """
 
 from __future__ import annotations
