@@ -22,6 +22,7 @@ from auth_quotas.quotas import (
     QuotaTable,
     QuotaType,
     RateSensor,
+    Resolution,
     SampledRate,
     TokenBucket,
     max_value_in_window,
@@ -471,6 +472,22 @@ def test_a_meter_charges_what_record_and_headers_say(
         assert dict(got) == {k.lower().encode(): v.encode() for k, v in want.items()}
 
 
+def _resolutions(
+    byte_type: QuotaType | None, byte_limit: float, time_limit: float | None
+) -> tuple[Resolution | None, Resolution | None]:
+    """What user u / client c resolves to under a byte quota of ``byte_type`` (if any) and a
+    request-time quota (if ``time_limit``)."""
+    R = QuotaType.REQUEST_PERCENTAGE
+    configs: dict[QuotaEntity, dict[QuotaType, float]] = {E("u"): {}}
+    if byte_type is not None:
+        configs[E("u")][byte_type] = byte_limit
+    if time_limit is not None:
+        configs[E("u")][R] = time_limit
+    byte_res = resolve(configs, byte_type, "u", "c") if byte_type is not None else None
+    time_res = resolve(configs, R, "u", "c") if time_limit is not None else None
+    return byte_res, time_res
+
+
 # uvicorn 0.54's checks of an answer's field names and values (httptools_impl.HEADER_RE,
 # HEADER_VALUE_RE), as they are: a whole answer writes the quota's fields without them.
 _NAME_REFUSED = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
@@ -498,14 +515,7 @@ def test_the_fields_charge_gives_pass_the_servers_checks(
     any limit) is one the server would accept as it is: a lower-case name and a value
     uvicorn's checks pass, and none of the fields uvicorn acts on. api.connections' whole
     answers write them unchecked (``BUILT_FIELDS_KEY``)."""
-    R = QuotaType.REQUEST_PERCENTAGE
-    configs: dict[QuotaEntity, dict[QuotaType, float]] = {E("u"): {}}
-    if byte_type is not None:
-        configs[E("u")][byte_type] = byte_limit
-    if time_limit is not None:
-        configs[E("u")][R] = time_limit
-    byte_res = resolve(configs, byte_type, "u", "c") if byte_type is not None else None
-    time_res = resolve(configs, R, "u", "c") if time_limit is not None else None
+    byte_res, time_res = _resolutions(byte_type, byte_limit, time_limit)
     sensors = QuotaSensors()
     meter = sensors.meter(byte_type, byte_res, time_res, now_ms=0)
     now = 0
@@ -544,14 +554,7 @@ def test_the_quiet_path_answers_as_the_full_path(
     (two clients of one user) charges in turn; ``history_ms``: the steps start young (r
     moves with every request) or after that long of steady traffic (a span of history: r
     is the whole policy when far from the quota)."""
-    R = QuotaType.REQUEST_PERCENTAGE
-    configs: dict[QuotaEntity, dict[QuotaType, float]] = {E("u"): {}}
-    if byte_type is not None:
-        configs[E("u")][byte_type] = byte_limit
-    if time_limit is not None:
-        configs[E("u")][R] = time_limit
-    byte_res = resolve(configs, byte_type, "u", "c") if byte_type is not None else None
-    time_res = resolve(configs, R, "u", "c") if time_limit is not None else None
+    byte_res, time_res = _resolutions(byte_type, byte_limit, time_limit)
     if byte_res is None and time_res is None:
         return
     quiet, full = QuotaSensors(), QuotaSensors()
