@@ -292,9 +292,9 @@ class WholeCycle(httptools_impl.RequestResponseCycle):
     * :meth:`send` writes a whole answer from one ``http.response.start`` message that
       carries its body under ``WHOLE_BODY_KEY`` (and, under ``BUILT_FIELDS_KEY``, fields
       the broker built itself, written unchecked; a Content-Length the body's when the
-      message has none): head and body in one ``writelines``, no
-      second message, no second trip through every ``send`` wrapper (the quota's, the CORS
-      headers', the access log's pass the message on as it is, key included).
+      message has none): head and body in one ``writelines``, no second message, no
+      second trip through every ``send`` wrapper (the quota's, the CORS headers', the
+      access log's pass the message on as it is, keys included).
 
     Everything else is uvicorn's: a message without the key, and a whole answer that cannot
     go out at once (the transport's buffer is full, an answer already started, a HEAD

@@ -133,7 +133,7 @@ class FastPath:
             or not state.settings.fast_path
         ):
             return self._guarded(scope, receive, send)
-        target = produce_target(scope["path"])
+        target = records_target(scope["path"])
         size = cycle.arrived()
         budget = self.budgets.body
         if target is None or not 0 <= size <= self._max_body or not budget.try_reserve(size):
@@ -170,21 +170,21 @@ class FastPath:
         if scope["type"] != "http" or state is None or not state.settings.fast_path:
             return self.app(scope, receive, send)
         method: str = scope["method"]
-        target = produce_target(scope["path"])
+        target = records_target(scope["path"])
         if (
             target is None
             or method not in ("GET", "POST")
             or (method == "GET" and (target[1] is None or _wants_sse(scope)))
         ):
             return self.app(scope, receive, send)
-        body = BodyChunks(receive) if method == "POST" else _NO_BODY
+        body = BodyChunks(receive) if method == "POST" else None  # a fetch reads none
         return self._serve(state, scope, body, send, method, *target)
 
     async def _serve(
         self,
         state: AppState,
         scope: Scope,
-        body: records.Body,
+        body: records.Body | None,
         send: Send,
         method: str,
         topic: str,
@@ -200,6 +200,7 @@ class FastPath:
         try:
             try:
                 if method == "POST":
+                    assert body is not None
                     length = headers.get("content-length")
                     limit = state.settings.max_request_bytes
                     if length is not None and length.isdigit() and int(length) > limit:
@@ -295,10 +296,7 @@ def _answers_at_once(state: AppState, topic: str, partition: int, query: dict[st
     return offset.isdigit() and len(offset) < 20 and int(offset) < hw
 
 
-_NO_BODY = records.WholeBody(b"")  # a fetch's: it reads none
-
-
-def produce_target(path: str) -> tuple[str, int | None] | None:
+def records_target(path: str) -> tuple[str, int | None] | None:
     """The topic and partition (None: the topic's records) of a records path, else None."""
     if (m := _PARTITION_RECORDS.match(path)) and int(m[2]) <= PARTITION_MAX:
         return m[1], int(m[2])
