@@ -654,9 +654,11 @@ class RememberedSearch(dict[bytes, "re.Match[bytes] | None"]):
         return found
 
 
-def original_pattern(pattern: re.Pattern[bytes] | RememberedSearch) -> re.Pattern[bytes]:
-    """uvicorn's pattern itself, remembered or not."""
-    return pattern.pattern if isinstance(pattern, RememberedSearch) else pattern
+def field_passes(name: bytes, value: bytes) -> bool:
+    """Whether uvicorn's checks of an answer's field (remembered or not) let it through."""
+    return not httptools_impl.HEADER_RE.search(name) and not httptools_impl.HEADER_VALUE_RE.search(
+        value
+    )
 
 
 def remember_header_checks() -> None:

@@ -16,7 +16,6 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http import httptools_impl
 
 from cluster.forwarding import ROUTES, direct_route
 from core_log.errors import ErrorCode, LogbusError
@@ -29,7 +28,7 @@ from .connections import (
     WHOLE_ANSWERS_KEY,
     WHOLE_BODY_KEY,
     WholeCycle,
-    original_pattern,
+    field_passes,
 )
 from .guard import BrowserPolicy
 from .params import PARTITION_MAX
@@ -366,19 +365,23 @@ def _start(reply: records.Reply) -> dict[str, Any]:
     raw: list[tuple[bytes, bytes]] = [
         (b"content-type", reply.content_type.encode()),
         (b"content-length", str(len(reply.body)).encode()),
+        *_own_fields(reply),
     ]
-    if reply.headers:
-        raw.extend((k.lower().encode(), v.encode()) for k, v in reply.headers.items())
     return {"type": "http.response.start", "status": reply.status, "headers": raw}
+
+
+def _own_fields(reply: records.Reply) -> list[tuple[bytes, bytes]]:
+    """The fields ``reply`` names itself (Retry-After, Logbus-*), as ASGI's byte pairs."""
+    if not reply.headers:
+        return []
+    return [(k.lower().encode(), v.encode()) for k, v in reply.headers.items()]
 
 
 def _whole_start(reply: records.Reply) -> dict[str, Any]:
     """``reply`` as one start message that carries its body, for a server that takes whole
     answers (the broker's, :class:`WholeCycle`, which adds the Content-Length): its
     Content-Type among the fields the broker built."""
-    raw: list[tuple[bytes, bytes]] = []
-    if reply.headers:
-        raw.extend((k.lower().encode(), v.encode()) for k, v in reply.headers.items())
+    raw = _own_fields(reply)
     built = _CONTENT_TYPES.get(reply.content_type)
     if built is None:
         built = _content_type_field(reply.content_type)
@@ -403,8 +406,7 @@ def _content_type_field(content_type: str) -> tuple[tuple[bytes, bytes], ...]:
     """The Content-Type field of ``content_type`` as a built field (empty: it fails
     uvicorn's check, so it goes with the checked fields, to be refused there)."""
     value = content_type.encode()
-    valid = not original_pattern(httptools_impl.HEADER_VALUE_RE).search(value)
-    field = ((b"content-type", value),) if valid else ()
+    field = ((b"content-type", value),) if field_passes(b"content-type", value) else ()
     if len(_CONTENT_TYPES) >= CONTENT_TYPES_MAX:
         _CONTENT_TYPES.clear()
     _CONTENT_TYPES[content_type] = field
