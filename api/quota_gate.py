@@ -74,8 +74,7 @@ _CREATE: Final = re.compile(r"^/v1/topics/?$")
 _TOPIC: Final = re.compile(r"^/v1/topics/([^/]+)/?$")
 _ADD_PARTITIONS: Final = re.compile(r"^/v1/topics/([^/]+)/partitions/?$")
 MAX_CAPTURED_BYTES: Final = 64 * 1024  # an admin answer read back for its partition count
-_FORWARDED_BY: Final = b"logbus-forwarded-by"
-_FORWARDED_BY_NAME: Final = _FORWARDED_BY.decode()
+_FORWARDED_BY_NAME: Final = "logbus-forwarded-by"
 _CLIENT_ID_NAME: Final = CLIENT_ID_HEADER.decode()
 
 P = QuotaType.PRODUCER_BYTE_RATE
@@ -159,12 +158,6 @@ def _no_partitions(topic: str) -> int:
     return 0
 
 
-# Logbus-Client-Id values (as sent) found valid, and the client id each names: at most this
-# many remembered. Only valid ones are: an invalid one is checked (and refused) every time.
-CLIENT_ID_CACHE_ENTRIES: Final = 4096
-_CLIENT_IDS: dict[bytes, str] = {}
-
-
 def serve(
     quotas: QuotaState,
     scope: Scope,
@@ -196,17 +189,11 @@ def serve(
     is_ws = scope["type"] == "websocket"
     query_too = is_ws or sse
     client = ""  # what client_id says of a request that names none
-    if len(client_ids) == 1 and (known := _CLIENT_IDS.get(client_ids[0])) is not None:
-        client = known  # a client sends its id with every request: checked once
-    elif client_ids or query_too:
+    if client_ids or query_too:
         try:
             client = client_id(scope, query_too=query_too, headers=client_ids)
         except LogbusError as e:  # refused with or without quotas
             return _refuse(scope, send, e, {})
-        if len(client_ids) == 1:
-            if len(_CLIENT_IDS) >= CLIENT_ID_CACHE_ENTRIES:
-                _CLIENT_IDS.clear()
-            _CLIENT_IDS[client_ids[0]] = client
     if not quotas.active:
         return app(scope, receive, send)
     user = quota_user(scope)

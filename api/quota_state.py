@@ -89,6 +89,12 @@ def bad_client_id(detail: str) -> LogbusError:
     )
 
 
+# Logbus-Client-Id values (as sent) found valid, and the client id each names: at most this
+# many remembered. Only valid ones are: an invalid one is checked (and refused) every time.
+CLIENT_ID_CACHE_ENTRIES: Final = 4096
+_CLIENT_IDS: dict[bytes, str] = {}
+
+
 def client_id(
     scope: dict[str, Any] | Any, *, query_too: bool, headers: list[bytes] | None = None
 ) -> str:
@@ -100,18 +106,28 @@ def client_id(
         headers = [v for k, v in scope["headers"] if k == CLIENT_ID_HEADER]
     if len(headers) > 1:
         raise bad_client_id("sent twice")
-    raw = headers[0].decode("latin-1") if headers else None
-    if raw is None and query_too and b"client_id" in scope.get("query_string", b""):
-        values = [
-            v
-            for k, v in parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
-            if k == CLIENT_ID_QUERY
-        ]
-        if len(values) > 1:
-            raise bad_client_id("sent twice")
-        raw = values[0] if values else None
-    if raw is None:
+    if headers:
+        known = _CLIENT_IDS.get(headers[0])
+        if known is not None:  # a client sends its id with every request: checked once
+            return known
+        sent = _checked_client_id(headers[0].decode("latin-1"))
+        if len(_CLIENT_IDS) >= CLIENT_ID_CACHE_ENTRIES:
+            _CLIENT_IDS.clear()
+        _CLIENT_IDS[headers[0]] = sent
+        return sent
+    if not query_too or b"client_id" not in scope.get("query_string", b""):
         return ""
+    values = [
+        v
+        for k, v in parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+        if k == CLIENT_ID_QUERY
+    ]
+    if len(values) > 1:
+        raise bad_client_id("sent twice")
+    return _checked_client_id(values[0]) if values else ""
+
+
+def _checked_client_id(raw: str) -> str:
     if not is_client_id(raw):
         raise bad_client_id(f"{raw[:64]!r} is not a client id")
     return raw

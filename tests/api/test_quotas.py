@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api import quota_gate
+from api import quota_state
 from api.quota_state import ANONYMOUS, QuotaState, client_id, quota_user
 from auth_quotas.quotas import QuotaConfig, QuotaType
 from cluster.security_store import QuotaRow
@@ -190,12 +190,12 @@ async def test_bad_client_id_is_400_with_or_without_quotas(tmp_path: Path) -> No
 
 @synchronous
 async def test_valid_client_ids_are_remembered_within_their_bound(tmp_path: Path) -> None:
-    """The gate checks a Logbus-Client-Id once and remembers it (at most
+    """client_id checks a Logbus-Client-Id once and remembers it (at most
     CLIENT_ID_CACHE_ENTRIES); an invalid one is never remembered, so it is refused every
     time, and two of them are refused even when each alone is known."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(quota_gate, "CLIENT_ID_CACHE_ENTRIES", 8)
-        mp.setattr(quota_gate, "_CLIENT_IDS", {})
+        mp.setattr(quota_state, "CLIENT_ID_CACHE_ENTRIES", 8)
+        mp.setattr(quota_state, "_CLIENT_IDS", {})
         await _client_ids_remembered(tmp_path)
 
 
@@ -204,12 +204,12 @@ async def _client_ids_remembered(tmp_path: Path) -> None:
         await c.post("/v1/topics", json={"name": "t", "partitions": 1})
         for i in range(20):
             assert (await _produce(c, "t", 1, f"c-{i}")).status_code == 200
-            assert 0 < len(quota_gate._CLIENT_IDS) <= 8
-        assert quota_gate._CLIENT_IDS[b"c-19"] == "c-19"
+            assert 0 < len(quota_state._CLIENT_IDS) <= 8
+        assert quota_state._CLIENT_IDS[b"c-19"] == "c-19"
         for _ in range(2):
             assert (await _produce(c, "t", 1, "c-19")).status_code == 200  # remembered
             assert (await _produce(c, "t", 1, "not ok!")).status_code == 400
-            assert b"not ok!" not in quota_gate._CLIENT_IDS
+            assert b"not ok!" not in quota_state._CLIENT_IDS
         twice = [("Logbus-Client-Id", "c-19"), ("Logbus-Client-Id", "c-19")]
         r = await c.post("/v1/topics/t/records", json={"records": [{"value": 1}]}, headers=twice)
         assert r.status_code == 400 and "sent twice" in r.json()["detail"]
