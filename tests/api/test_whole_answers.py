@@ -425,3 +425,19 @@ def test_a_whole_fetch_answer_is_charged_to_its_consume_quota(
         assert left[0] - left[1] >= 4000, left  # a page of ≈ 5.7 KB, less a few ms' refill
     finally:
         http.delete("/v1/quotas", params={"client_id": "whole-c"})
+
+
+def test_the_remembered_content_types_stay_within_their_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At most CONTENT_TYPES_MAX media types are remembered, at the limit and past it."""
+    from api import fastpath
+    from api.records import Reply
+
+    monkeypatch.setattr(fastpath, "_CONTENT_TYPES", {})
+    for i in range(fastpath.CONTENT_TYPES_MAX):
+        fastpath._whole_start(Reply(200, b"{}", f"application/x-{i}"))
+    assert len(fastpath._CONTENT_TYPES) == fastpath.CONTENT_TYPES_MAX  # at the limit
+    fastpath._whole_start(Reply(200, b"{}", "application/one-more"))
+    assert 0 < len(fastpath._CONTENT_TYPES) <= fastpath.CONTENT_TYPES_MAX
+    assert "application/one-more" in fastpath._CONTENT_TYPES
