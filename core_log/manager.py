@@ -220,7 +220,7 @@ def _answer_run(run: list[_Gathered], outcome: AppendResult | BaseException) -> 
         else:
             span = offsets_spanned(headers)
             records = records_in(headers)
-        if g.future.done():
+        if g.future.done():  # its caller went away; its records are written all the same
             pass
         elif g.answer is not None:  # a built append: its caller's answer, no AppendResult
             try:
