@@ -79,7 +79,7 @@ _PRINCIPAL_TOPICS = PRINCIPAL_TOPICS_HEADER.encode()
 _BROKER_ONLY: Final = frozenset({_PRINCIPAL, _PRINCIPAL_TOPICS, b"logbus-forwarded-by"})
 # What only a broker sends: a request carrying any of these is decided by Access.check.
 _FROM_A_BROKER: Final = _BROKER_ONLY | {_CREDENTIAL}
-_FROM_A_BROKER_NAMES: Final = frozenset(n.decode("latin-1") for n in _FROM_A_BROKER)
+FROM_A_BROKER_NAMES: Final = frozenset(n.decode("latin-1") for n in _FROM_A_BROKER)
 
 
 class Kind(enum.Enum):
@@ -387,7 +387,7 @@ class Access:
         # The request's headers as the front door decoded them once (the last of a repeated
         # one, as the loop over the raw list this replaced kept).
         headers = request_headers(scope)
-        if not _FROM_A_BROKER_NAMES.isdisjoint(headers):
+        if not FROM_A_BROKER_NAMES.isdisjoint(headers):
             return False
         method: str = scope["method"]
         path: str = scope["path"]

@@ -21,7 +21,8 @@ from cluster.forwarding import ROUTES, direct_route
 from core_log.errors import ErrorCode, LogbusError
 
 from . import guard, quota_gate, records, streams
-from .access import Access, require_transactional
+from .access import IDENTITY_KEY, Access, require_transactional
+from .admission import Admissions
 from .budgets import RETRY_AFTER_S, BodyGuard, Budgets, ByteBudget, budget_exhausted
 from .connections import (
     BUILT_FIELDS_KEY,
@@ -65,6 +66,7 @@ class FastPath:
         self.policy = policy
         self.state: AppState | None = None  # set by the app's lifespan
         self.access = Access(settings.auth)  # its security is set by the app's lifespan
+        self.admissions = Admissions()
         self._guarded = BodyGuard(self._route, budgets.body, settings.max_request_bytes)
         self._max_body = settings.max_request_bytes
 
@@ -77,11 +79,28 @@ class FastPath:
                 return
             if verdict.headers:
                 send = guard.with_headers(send, verdict.headers)
-        if (
+        state = self.state
+        access = self.access
+        # A repeated HTTP request is admitted by one lookup (api.admission) when auth or a
+        # quota is on; the others, and every first sight, take the long way.
+        known = None
+        security = access.security if access.enabled else None
+        remembers = (
+            state is not None
+            and scope["type"] == "http"
+            and (access.security is not None if access.enabled else state.quotas.active)
+        )
+        if remembers:
+            assert state is not None
+            known = self.admissions.find(scope, security, state.quotas)
+        if known is not None:
+            if known.identity is not None:
+                scope[IDENTITY_KEY] = known.identity
+        elif (
             served
-            and self.access.enabled
-            and not self.access.admit(scope)
-            and not await self.access.check(scope, receive, send)
+            and access.enabled
+            and not access.admit(scope)
+            and not await access.check(scope, receive, send)
         ):
             return
         route = _route_header(scope)
@@ -92,19 +111,28 @@ class FastPath:
         # Set only when it changes: a request's task starts with it unset (False).
         token = direct_route.set(direct) if direct or direct_route.get() else None
         try:
-            state = self.state
             # HTTP requests pass the body guard; the others go to FastAPI as they are.
             inner = self._enter if scope["type"] == "http" else self.app
             if state is not None and served:
-                await quota_gate.serve(
-                    state.quotas,
-                    scope,
-                    receive,
-                    send,
-                    inner,
-                    partitions=state.partition_count,
-                    default_fetch_bytes=state.settings.default_fetch_bytes,
-                )
+                quotas = state.quotas
+                serving = None
+                if known is not None:
+                    serving = quota_gate.serve_known(
+                        quotas, known.meter, known.produce, scope, receive, send, inner
+                    )
+                elif remembers:
+                    self.admissions.learn(scope, security, quotas)
+                if serving is None:
+                    serving = quota_gate.serve(
+                        quotas,
+                        scope,
+                        receive,
+                        send,
+                        inner,
+                        partitions=state.partition_count,
+                        default_fetch_bytes=state.settings.default_fetch_bytes,
+                    )
+                await serving
             else:
                 await inner(scope, receive, send)
         finally:

@@ -179,23 +179,23 @@ class BrowserPolicy:
         return Verdict(0, None, cors) if cors else PASS
 
 
-_HEADERS_KEY = "logbus.headers"
+HEADERS_KEY = "logbus.headers"
 
 
 def replace_headers(scope: Scope, headers: list[tuple[bytes, bytes]]) -> None:
     """Give the request ``headers`` instead of its own, and forget their decoded dict
     (:func:`request_headers` decodes them again when next asked)."""
     scope["headers"] = headers
-    scope.pop(_HEADERS_KEY, None)
+    scope.pop(HEADERS_KEY, None)
 
 
 def request_headers(scope: Scope) -> dict[str, str]:
     """The request's headers by lower-case name (the last of a repeated one), decoded once per
     request and kept in its scope: the front door's checks and the handler all read them."""
-    headers: dict[str, str] | None = scope.get(_HEADERS_KEY)
+    headers: dict[str, str] | None = scope.get(HEADERS_KEY)
     if headers is None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        scope[_HEADERS_KEY] = headers
+        scope[HEADERS_KEY] = headers
     return headers
 
 

@@ -220,7 +220,7 @@ def _http(
     lean :func:`_metered` for the common case (no mutation, no fetch, a declared body, not
     throttled now), else :func:`_gated`. ``declared``: the body's declared size."""
     method, path = scope["method"], scope["path"]
-    kind = _KINDS.get((method, path)) or _kind(method, path)  # _kind's memo, inlined
+    kind = _KINDS.get((method, path)) or request_kind(method, path)  # its memo, inlined
     if kind in ("produce", "other"):
         byte_type = P if kind == "produce" else None
         meter = quotas.meter(user, client, byte_type)
@@ -229,18 +229,37 @@ def _http(
         if byte_type is None:
             declared = 0
         if declared is not None:
-            # Owes no wait (QuotaSensors.owed, inlined: this is every request's path): a
-            # sensor that never throttled (due 0) owes nothing on a clock that starts at 0,
-            # so the clock is read only for one that did.
-            byte, time_ = meter.byte_sensor, meter.time_sensor
-            if (byte is None or not byte.due_ms) and (time_ is None or not time_.due_ms):
-                return _metered(quotas, meter, scope, receive, send, app, declared)
-            now = quotas.clock()
-            if (byte is None or byte.due_ms <= now) and (time_ is None or time_.due_ms <= now):
-                return _metered(quotas, meter, scope, receive, send, app, declared)
+            metered = _metered(quotas, meter, scope, receive, send, app, declared)
+            if metered is not None:
+                return metered
     return _gated(
         quotas, user, client, kind, scope, receive, send, app, partitions, default_fetch_bytes
     )
+
+
+def serve_known(
+    quotas: QuotaState,
+    meter: Meter | None,
+    produce: bool,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    app: ASGIApp,
+) -> Awaitable[None] | None:
+    """What :func:`serve` serves an HTTP request with, for a request whose caller was
+    admitted before (:mod:`api.admission`: its client id checked, ``meter`` found, None when
+    no quota applies; ``produce``: a produce, else a request that is no fetch and no
+    mutation). None: this request needs :func:`serve` (its body's size is not declared, or
+    its caller owes a wait). Only what varies between a caller's requests is looked at."""
+    if meter is None:
+        return app(scope, receive, send)
+    declared = 0
+    if produce:
+        length = request_headers(scope).get("content-length", "")
+        if not (length.isdecimal() and len(length) < 20):
+            return None
+        declared = int(length)
+    return _metered(quotas, meter, scope, receive, send, app, declared)
 
 
 async def _refuse(scope: Scope, send: Send, error: LogbusError, headers: dict[str, str]) -> None:
@@ -297,18 +316,18 @@ _KINDS: dict[tuple[str, str], str] = {}
 KIND_CACHE_ENTRIES: Final = 4096  # distinct (method, path) remembered; clients repeat theirs
 
 
-def _kind(method: str, path: str) -> str:
+def request_kind(method: str, path: str) -> str:
     """What a request is to the quotas (produce, fetch, a mutation or other), remembered per
     (method, path): the patterns cost more than the lookup (measured with callgrind:
     ≈ 3.1k instructions a request matched, ≈ 0.6k remembered)."""
     key = (method, path)
-    kind = _KINDS.get(key)
-    if kind is None:
-        kind = _kind_of(method, path)
+    found = _KINDS.get(key)
+    if found is None:
+        found = _kind_of(method, path)
         if len(_KINDS) >= KIND_CACHE_ENTRIES:
             _KINDS.clear()
-        _KINDS[key] = kind
-    return kind
+        _KINDS[key] = found
+    return found
 
 
 def _kind_of(method: str, path: str) -> str:
@@ -439,13 +458,21 @@ def _metered(
     send: Send,
     app: ASGIApp,
     body_bytes: int,
-) -> Awaitable[None]:
+) -> Awaitable[None] | None:
     """The common case, kept lean (it runs on every produce of a caller under quota): a
     request that is no mutation and no fetch, whose body size is declared (``body_bytes``,
-    0 when it is not a produce), from a caller who owes no wait. Its answer is recorded with
+    0 when it is not a produce), from a caller who owes no wait (None when it owes one: then
+    :func:`_gated` serves it). Its answer is recorded with
     ``body_bytes`` (refused as too large: 0, it was never read) when it starts, at the time it
     starts (an ``acks=all`` produce may wait many sample windows). Nothing but that one
     message is touched, and no frame of the gate's stays on the request's stack."""
+    # Owes no wait (QuotaSensors.owed, inlined): a sensor that never throttled (due 0) owes
+    # nothing on a clock that starts at 0, so the clock is read only for one that did.
+    byte, time_ = meter.byte_sensor, meter.time_sensor
+    if (byte is not None and byte.due_ms) or (time_ is not None and time_.due_ms):
+        now = quotas.clock()
+        if (byte is not None and byte.due_ms > now) or (time_ is not None and time_.due_ms > now):
+            return None
     timed: _TimedPy | StepTimer | None = None
 
     def gated_send(message: Message) -> Awaitable[None]:

@@ -154,8 +154,15 @@ def table_of(rows: Iterable[QuotaRow]) -> QuotaTable:
     return QuotaTable(configs)
 
 
-def monotonic_ms() -> int:
+def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+monotonic_ms: Callable[[], int]
+try:  # the C twin: no Python frame on every measured request (QuotaSensors.charge's clock)
+    from ._steptimer import monotonic_ms
+except ImportError:  # built with LOGBUS_PURE_PYTHON=1
+    monotonic_ms = _monotonic_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +194,8 @@ class QuotaState:
         # Whether any quota is configured (no: nothing is measured). Kept with the table:
         # every request reads it.
         self.active = False
+        # Tables applied: a meter found for an earlier one is stale (api.admission).
+        self.generation = 0
         self.version = -1
         self.max_sensors = max_sensors
         self._idle_ms = idle_expiry_ms
@@ -204,6 +213,7 @@ class QuotaState:
     def apply(self, rows: Iterable[QuotaRow], version: int = -1) -> None:
         self.table = table_of(rows)
         self.active = len(self.table) > 0
+        self.generation += 1
         self.version = version
         self._meters.clear()
         if not self.active:

@@ -168,6 +168,18 @@ class AuthStats:
     denials: dict[str, int]
 
 
+def _wall_ms() -> int:
+    """Wall-clock milliseconds (keys and tokens expire by the wall clock)."""
+    return time.time_ns() // 1_000_000
+
+
+wall_ms: Callable[[], int]
+try:  # the C twin: no Python frame on every repeated request (api.admission reads it)
+    from ._steptimer import wall_ms
+except ImportError:  # built with LOGBUS_PURE_PYTHON=1
+    wall_ms = _wall_ms
+
+
 class Security:
     """See the module docstring. ``enabled`` False: everyone is ``User:ANONYMOUS``, allowed."""
 
@@ -176,7 +188,7 @@ class Security:
         settings: Settings,
         *,
         hasher_factory: Callable[[], PasswordHasher] = default_hasher,
-        now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        now_ms: Callable[[], int] = wall_ms,
     ) -> None:
         self.settings = settings
         self.enabled = settings.auth
@@ -214,6 +226,9 @@ class Security:
         self._admitted: dict[tuple[str, str, str], tuple[Identity, int]] = {}
         # (user, operation, resource type, resource name) -> allowed
         self._decisions: dict[tuple[str, Operation, ResourceType, str], bool] = {}
+        # Snapshots applied: what the front door decided from the caches above is stale when
+        # this moved (api.admission).
+        self.generation = 0
         self.stats = AuthStats({}, {})
         self.store: SecurityStore | None = None
         self.watcher: SecurityWatcher | None = None
@@ -299,6 +314,7 @@ class Security:
         self._by_header = {}
         self._admitted = {}
         self._decisions = {}
+        self.generation += 1
         if snapshot.secrets:
             self.signer = ScopedTokenSigner(snapshot.secrets[0], snapshot.secrets[1:])
             if self.credential is not None:

@@ -22,10 +22,11 @@ class Ratio:
     """``numerator / denominator``, per round, and the median of the rounds against a target.
 
     ``lower_is_better`` is for latencies given as a value against a ceiling (``ratio`` is then
-    the measured value itself, in ``unit``)."""
+    the measured value itself, in ``unit``). ``target`` None: a figure shown beside the
+    others for what it tells, with no target of its own (neither met nor missed)."""
 
     name: str
-    target: float
+    target: float | None
     rounds: list[float] = field(default_factory=list)
     numerator: str = ""
     denominator: str = ""
@@ -41,7 +42,7 @@ class Ratio:
 
     @property
     def met(self) -> bool | None:
-        if not self.rounds:
+        if not self.rounds or self.target is None:
             return None
         return self.value <= self.target if self.lower_is_better else self.value >= self.target
 
@@ -73,10 +74,10 @@ def print_table(ratios: Sequence[Ratio]) -> None:
         met = {True: "met", False: "MISSED", None: "-"}[r.met]
         sign = "≤" if r.lower_is_better else "≥"
         unit = "" if r.unit == "x" else f" {r.unit}"
+        target = f"{'none':>7}" if r.target is None else f"{sign}{r.target:>6g}"
         rounds = ", ".join(f"{x:.3g}" for x in r.rounds)
         print(
-            f"{r.name:<{width}} {r.value:>8.3f} {sign}{r.target:>6g}{unit} {met:>6}"
-            f"  [{rounds}] {r.note}",
+            f"{r.name:<{width}} {r.value:>8.3f} {target}{unit} {met:>6}  [{rounds}] {r.note}",
             flush=True,
         )
 
@@ -89,7 +90,7 @@ def plot(ratios: Sequence[Ratio], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [r for r in ratios if r.rounds]
+    shown = [r for r in ratios if r.rounds and r.target is not None]  # figures with a target
     scores = [r.target / r.value if r.lower_is_better else r.value / r.target for r in shown]
     fig, ax = plt.subplots(figsize=(11, 0.55 * len(shown) + 1.5))
     ax.barh(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,10 +22,14 @@ def test_a_ratio_is_the_median_of_its_rounds_against_its_target(
     assert down.value == 11.0 and down.met is False
     empty = Ratio("never measured", 1.0)
     assert empty.met is None
+    shown = Ratio("shown beside the others", None, [0.4, 0.45, 0.5])
+    assert shown.value == 0.45 and shown.met is None and shown.as_dict()["target"] is None
     assert up.as_dict()["met"] is True and down.as_dict()["value"] == 11.0
-    print_table([up, down, empty])
+    print_table([up, down, empty, shown])
     out = capsys.readouterr().out
     assert "MISSED" in out and "met" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("shown beside the others")]
+    assert "none" in line and "MISSED" not in line and "met" not in line
     assert alternate(4) == [(0, True), (1, False), (2, True), (3, False)]
 
 
@@ -125,3 +130,17 @@ def test_request_cost_stops_each_produce_at_its_cut(
     assert request_cost.main(["--requests", "32", "--concurrency", "4", "--cut", cut]) == 0
     assert "µs CPU per request (4 concurrent callers)" in capsys.readouterr().out
     assert (records.produce, records._produce_parsed) == before
+
+
+def test_the_long_poll_latency_client_sees_every_record(broker: Any, client: Any) -> None:
+    """``benchmarks.http.produce_to_consume_latency`` (the long-poll row of ``per_request``
+    and ``logbus bench``) against a real broker: every record produced is received by the
+    long-polling consumer and timed once, and the percentiles are ordered."""
+    from benchmarks.http import produce_to_consume_latency
+
+    client.post("/v1/topics", json={"name": "lat"}).raise_for_status()
+    p50, p99, n = asyncio.run(produce_to_consume_latency(broker.url, "lat", 200, 0.5))
+    assert n == 100  # 200 records/s for 0.5 s, each seen once
+    assert 0 < p50 <= p99
+    end = client.get("/v1/topics/lat/partitions/0/offsets").json()["offset"]
+    assert end == 100

@@ -196,13 +196,13 @@ def test_a_verification_past_its_ttl_is_not_admitted(tmp_path: Path) -> None:
 def test_the_per_path_caches_stay_bounded() -> None:
     for i in range(access.MATCH_CACHE_ENTRIES + 10):
         access.match("GET", f"/v1/topics/bound-{i}")
-        quota_gate._kind("GET", f"/v1/topics/bound-{i}")
+        quota_gate.request_kind("GET", f"/v1/topics/bound-{i}")
     assert 0 < len(access._MATCHED) <= access.MATCH_CACHE_ENTRIES
     assert 0 < len(quota_gate._KINDS) <= quota_gate.KIND_CACHE_ENTRIES
     # Answers are the same remembered or not.
-    assert quota_gate._kind("POST", "/v1/topics/x/records") == "produce"
-    assert quota_gate._kind("POST", "/v1/topics/x/records") == "produce"
-    assert quota_gate._kind("DELETE", "/v1/topics/x") == "delete"
+    assert quota_gate.request_kind("POST", "/v1/topics/x/records") == "produce"
+    assert quota_gate.request_kind("POST", "/v1/topics/x/records") == "produce"
+    assert quota_gate.request_kind("DELETE", "/v1/topics/x") == "delete"
 
 
 def test_the_admitted_requests_stay_bounded(tmp_path: Path, monkeypatch: Any) -> None:

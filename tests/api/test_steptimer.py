@@ -137,3 +137,34 @@ def test_the_c_timer_wants_a_coroutine() -> None:
         pytest.skip("the C extension is not built (LOGBUS_PURE_PYTHON=1)")
     with pytest.raises(TypeError):
         _Timed(42)  # type: ignore[arg-type]
+
+    async def handler() -> None:
+        return None
+
+    made = [handler(), handler(), handler()]
+    try:
+        for args, kwargs in (((), {}), ((made[0], made[1]), {}), ((), {"coro": made[2]})):
+            with pytest.raises(TypeError, match="one coroutine"):
+                _Timed(*args, **kwargs)
+    finally:
+        for coro in made:  # never started
+            coro.close()
+
+
+def test_the_c_clocks_read_as_their_twins() -> None:
+    """The request path's millisecond clocks (quota sensors, the admission memo's TTL): the C
+    functions against their Python twins, read in between."""
+    from api import quota_state, security
+
+    if _Timed is _TimedPy:
+        pytest.skip("the C extension is not built (LOGBUS_PURE_PYTHON=1)")
+    assert quota_state.monotonic_ms is not quota_state._monotonic_ms
+    assert security.wall_ms is not security._wall_ms
+    for c, twin in (
+        (quota_state.monotonic_ms, quota_state._monotonic_ms),
+        (security.wall_ms, security._wall_ms),
+    ):
+        before = twin()
+        read = c()
+        after = twin()
+        assert isinstance(read, int) and before <= read <= after
