@@ -178,24 +178,26 @@ def serve(
     headers = request_headers(scope)
     if _FORWARDED_BY_NAME in headers:  # measured where it came in
         return app(scope, receive, send)
-    # The body's declared size (isdecimal: latin-1's "²" is a digit to isdigit, not to int).
-    length = headers.get("content-length", "")
-    declared = int(length) if length.isdecimal() and len(length) < 20 else None
     raw = scope["headers"]
     sse = "accept" in headers and any(
         k == b"accept" and b"text/event-stream" in v.lower() for k, v in raw
     )
-    client_ids = [v for k, v in raw if k == CLIENT_ID_HEADER] if _CLIENT_ID_NAME in headers else []
     is_ws = scope["type"] == "websocket"
     query_too = is_ws or sse
     client = ""  # what client_id says of a request that names none
-    if client_ids or query_too:
+    if _CLIENT_ID_NAME in headers or query_too:
+        values = None  # client_id reads them from the raw list, where a name may repeat
+        if _CLIENT_ID_NAME in headers and len(headers) == len(raw):  # no name repeats
+            values = [headers[_CLIENT_ID_NAME]]
         try:
-            client = client_id(scope, query_too=query_too, headers=client_ids)
+            client = client_id(scope, query_too=query_too, values=values)
         except LogbusError as e:  # refused with or without quotas
             return _refuse(scope, send, e, {})
     if not quotas.active:
         return app(scope, receive, send)
+    # The body's declared size (isdecimal: latin-1's "²" is a digit to isdigit, not to int).
+    length = headers.get("content-length", "")
+    declared = int(length) if length.isdecimal() and len(length) < 20 else None
     user = quota_user(scope)
     if is_ws:
         return _websocket(quotas, user, client, scope, receive, send, app)

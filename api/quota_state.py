@@ -89,31 +89,31 @@ def bad_client_id(detail: str) -> LogbusError:
     )
 
 
-# Logbus-Client-Id values (as sent) found valid, and the client id each names: at most this
-# many remembered. Only valid ones are: an invalid one is checked (and refused) every time.
+# Logbus-Client-Id values found valid: at most this many remembered. Only valid ones are: an
+# invalid one is checked (and refused) every time.
 CLIENT_ID_CACHE_ENTRIES: Final = 4096
-_CLIENT_IDS: dict[bytes, str] = {}
+_VALID_CLIENT_IDS: set[str] = set()
 
 
 def client_id(
-    scope: dict[str, Any] | Any, *, query_too: bool, headers: list[bytes] | None = None
+    scope: dict[str, Any] | Any, *, query_too: bool, values: list[str] | None = None
 ) -> str:
     """The client id a request gives (``""``: none). ``query_too``: a WebSocket or an SSE
-    stream, which may give it as the ``client_id`` query parameter. ``headers``: the values of
-    its Logbus-Client-Id headers when the caller has them (else read from the scope). Raises
-    400 when bad."""
-    if headers is None:
-        headers = [v for k, v in scope["headers"] if k == CLIENT_ID_HEADER]
-    if len(headers) > 1:
+    stream, which may give it as the ``client_id`` query parameter. ``values``: its
+    Logbus-Client-Id values (latin-1) when the caller has them (else read from the scope).
+    Raises 400 when bad."""
+    if values is None:
+        values = [v.decode("latin-1") for k, v in scope["headers"] if k == CLIENT_ID_HEADER]
+    if len(values) > 1:
         raise bad_client_id("sent twice")
-    if headers:
-        known = _CLIENT_IDS.get(headers[0])
-        if known is not None:  # a client sends its id with every request: checked once
-            return known
-        sent = _checked_client_id(headers[0].decode("latin-1"))
-        if len(_CLIENT_IDS) >= CLIENT_ID_CACHE_ENTRIES:
-            _CLIENT_IDS.clear()
-        _CLIENT_IDS[headers[0]] = sent
+    if values:
+        sent = values[0]
+        if sent in _VALID_CLIENT_IDS:  # a client sends its id with every request: checked once
+            return sent
+        _checked_client_id(sent)
+        if len(_VALID_CLIENT_IDS) >= CLIENT_ID_CACHE_ENTRIES:
+            _VALID_CLIENT_IDS.clear()
+        _VALID_CLIENT_IDS.add(sent)
         return sent
     if not query_too or b"client_id" not in scope.get("query_string", b""):
         return ""

@@ -675,10 +675,17 @@ class Meter:
     rate_limit_format: bytes = b""
 
 
+# A meter holds a byte sensor and a request-time sensor: made one after the other, both must
+# stay in the LRU (a meter whose own sensor was dropped would be charged into nothing).
+SENSORS_OF_A_METER: Final = 2
+
+
 class QuotaSensors:
     """Every measured rate of one broker, keyed by (quota type, sensor key).
 
-    Bounded: past ``max_sensors`` the least recently used sensor is dropped, and sensors idle
+    Bounded: past ``max_sensors`` (at least :data:`SENSORS_OF_A_METER`, the sensors one
+    caller's :class:`Meter` holds, so making a meter never drops its own first sensor) the
+    least recently used sensor is dropped, and sensors idle
     for ``idle_expiry_ms`` (Kafka: 1 h) are dropped as they reach the LRU head. Dropping a
     sensor forgets that client's recent rate, which errs in the client's favour. On the
     per-request path (:meth:`charge`) a sensor's place in the LRU is refreshed at most once
@@ -692,7 +699,7 @@ class QuotaSensors:
         idle_expiry_ms: int = SENSOR_IDLE_EXPIRY_MS,
     ) -> None:
         self.config = config
-        self._max = max_sensors
+        self._max = max(max_sensors, SENSORS_OF_A_METER)
         self._idle_ms = idle_expiry_ms
         self._sensors: OrderedDict[tuple[QuotaType, tuple[str, str]], RateSensor] = OrderedDict()
         self.evictions = 0  # sensors dropped so far: a Meter holding one is stale

@@ -433,19 +433,34 @@ def test_the_remembered_admissions_stay_bounded(
 
 
 def test_a_dropped_sensor_is_not_charged_again(tmp_path: Path) -> None:
-    """A remembered meter holds its caller's sensors; once another caller's sensors pushed
+    """A remembered meter holds its caller's sensors; once other callers' sensors pushed
     them out (the sensor cap), the next request is measured afresh, as on the long way."""
     clock = [1_000_000]
-    fast = _door(tmp_path / "fast", clock, True, max_sensors=1)
-    slow = _door(tmp_path / "slow", clock, False, max_sensors=1)
+    fast = _door(tmp_path / "fast", clock, True, max_sensors=2)
+    slow = _door(tmp_path / "slow", clock, False, max_sensors=2)
     key = (b"authorization", f"Bearer {ALICE.token}".encode())
     answers: dict[str, list[Any]] = {"fast": [], "slow": []}
     with asyncio.Runner() as runner:
         for name, door in (("fast", fast), ("slow", slow)):
             door.quotas.apply(QUOTAS[4])  # a sensor per client id
-            for client in (b"c", b"c", b"d", b"c"):
+            for client in (b"c", b"c", b"d", b"e", b"c"):
                 headers = [key, (b"logbus-client-id", client), (b"content-length", b"100")]
                 sent = _request(runner, door, "POST", "/v1/topics/t-a/records", headers, b"x" * 100)
                 answers[name].append(_answer(sent))
     assert answers["fast"] == answers["slow"]
-    assert len(fast.hits) == 1  # c's repeat; after d, c's sensor was gone: the long way
+    assert len(fast.hits) == 1  # c's repeat; after d and e, c's sensor was gone: the long way
+
+
+def test_a_meter_never_holds_a_sensor_its_own_making_dropped(tmp_path: Path) -> None:
+    """With the cap at one sensor, a caller measured by two quotas (bytes and request time)
+    still gets both sensors: the cap is at least the two a meter holds (a meter born with a
+    dropped sensor failed its first full charge with a KeyError, found by the differential
+    test above)."""
+    clock = [1_000_000]
+    door = _door(tmp_path, clock, True, max_sensors=1)
+    door.quotas.apply(QUOTAS[2])  # alice: producer bytes and request time
+    with asyncio.Runner() as runner:
+        for _ in range(3):
+            assert _answer(_request(runner, door, *ALICE_WRITES))[0] == 200
+            clock[0] += 2_000  # past the LRU refresh: the full charge reorders both sensors
+    assert len(door.quotas.sensors) == 2
