@@ -1,6 +1,6 @@
 """Per-request cost (issue 14): every ratio measured side by side in one run, with its target.
 
-    python -m benchmarks.per_request [--rounds 3] [--seconds 5] [--only small,latency,...]
+    python -m benchmarks.per_request [--rounds 5] [--seconds 4] [--only small,latency,...]
                                      [--json docs/bench-per-request.json]
                                      [--plot docs/bench-per-request.png]
 
@@ -14,7 +14,10 @@
   quota that never throttles against the broker without, both ``acks=1``. Each round runs
   the four in turn, in the opposite order every other round, each on a fresh topic; each
   ratio is the median of the rounds'. The broker's CPU time per request (from ``/proc``,
-  steadier than throughput on a shared machine) is in each ratio's detail.
+  steadier than throughput on a shared machine) is in each ratio's detail. Five rounds by
+  default: on this shared VM a round now and then costs a server ≈ 20 % more CPU (seen on
+  one broker alone, one round of eight), and with three rounds two such rounds moved a
+  median.
 * **latency** — produce → long-poll consumer at 1,000 records/s, one record per produce
   (:func:`benchmarks.http.produce_to_consume_latency`): the p99 of each round against 10 ms.
 * **redis** — JSON produce and consume against Redis Streams (:mod:`benchmarks.redis_peer`).
@@ -280,8 +283,8 @@ def _parts() -> dict[str, Callable[[int, float, Path], list[Ratio]]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=4)
     parser.add_argument("--only", default=",".join(PARTS), help="comma-separated parts")
     parser.add_argument("--json")
     parser.add_argument("--plot")
