@@ -16,6 +16,12 @@ from typing import Final
 from urllib.parse import urlsplit
 
 SQLITE_LOCK_S: Final = 5.0  # waiting for the shared file's write lock, far above a normal write
+# Asking whether a just-stopped process holds the lock: a short wait (another process's
+# write is a few ms), so that a stop that caught the lock is undone long before the stopped
+# broker's lease (2-5 s in the tests) can expire. Waiting SQLITE_LOCK_S there kept it stopped
+# 5 s: its lease expired, its leader dropped it from the ISR, and a failover scenario that
+# needed it in the ISR failed (once in a CI run).
+SQLITE_STOPPED_PROBE_S: Final = 0.25
 SQLITE_PAUSE_ATTEMPTS: Final = 20
 
 
@@ -23,7 +29,9 @@ def pause(pid: int, metadata_url: str) -> None:
     """SIGSTOP ``pid``; on a ``sqlite://`` store, at a moment it holds no write lock."""
     for _ in range(SQLITE_PAUSE_ATTEMPTS):
         os.kill(pid, signal.SIGSTOP)
-        if not metadata_url.startswith("sqlite") or sqlite_writable(metadata_url):
+        if not metadata_url.startswith("sqlite") or sqlite_writable(
+            metadata_url, SQLITE_STOPPED_PROBE_S
+        ):
             return
         os.kill(pid, signal.SIGCONT)
         # Let it finish that transaction before the next stop: stopped again at once, a
@@ -32,10 +40,12 @@ def pause(pid: int, metadata_url: str) -> None:
     raise AssertionError(f"process {pid} held the SQLite write lock at every stop")
 
 
-def sqlite_writable(metadata_url: str) -> bool:
-    """Whether a write transaction on the SQLite file of ``metadata_url`` can begin now."""
+def sqlite_writable(metadata_url: str, timeout_s: float | None = None) -> bool:
+    """Whether a write transaction on the SQLite file of ``metadata_url`` can begin within
+    ``timeout_s`` (None: :data:`SQLITE_LOCK_S`)."""
     path = urlsplit(metadata_url).path
-    db = sqlite3.connect(path[1:] if path.startswith("//") else path, timeout=SQLITE_LOCK_S)
+    wait = SQLITE_LOCK_S if timeout_s is None else timeout_s
+    db = sqlite3.connect(path[1:] if path.startswith("//") else path, timeout=wait)
     try:
         db.isolation_level = None
         db.execute("BEGIN IMMEDIATE")
