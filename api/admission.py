@@ -116,14 +116,14 @@ class Admissions:
         identity, if any, is in the scope), when a repeat of it may be admitted by
         :meth:`find`. Everything is decided again here, from the same state the long way
         read, so what is remembered is what the long way decided."""
-        headers = request_headers(scope)
-        if not _repeatable(scope, headers):
-            return
         method: str = scope["method"]
         path: str = scope["path"]
         kind = quota_gate.request_kind(method, path)
         if kind not in ("produce", "other"):
             return  # a fetch or a mutation: serve's whole way, every time
+        headers = request_headers(scope)
+        if not _repeatable(scope, headers):
+            return
         authorization = headers.get("authorization", "")
         identity = None
         expires_ms = 0
@@ -164,8 +164,9 @@ def _repeatable(scope: Scope, headers: dict[str, str]) -> bool:
     """Whether a request may be looked up at all: no header name twice (the decoded headers
     are then the raw list, so the client id is the one sent), none only a broker sends, and
     no event stream asked for (its client id may be in the query)."""
+    raw = scope["headers"]
     return (
-        len(headers) == len(scope["headers"])
+        len(headers) == len(raw)
         and FROM_A_BROKER_NAMES.isdisjoint(headers)
-        and ("accept" not in headers or "text/event-stream" not in headers["accept"].lower())
+        and not quota_gate.asks_event_stream(headers, raw)
     )

@@ -88,7 +88,7 @@ class FastPath:
         remembers = (
             state is not None
             and scope["type"] == "http"
-            and (access.security is not None if access.enabled else state.quotas.active)
+            and (security is not None if access.enabled else state.quotas.active)
         )
         if remembers:
             assert state is not None

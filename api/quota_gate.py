@@ -179,11 +179,8 @@ def serve(
     if _FORWARDED_BY_NAME in headers:  # measured where it came in
         return app(scope, receive, send)
     raw = scope["headers"]
-    sse = "accept" in headers and any(
-        k == b"accept" and b"text/event-stream" in v.lower() for k, v in raw
-    )
     is_ws = scope["type"] == "websocket"
-    query_too = is_ws or sse
+    query_too = is_ws or asks_event_stream(headers, raw)
     client = ""  # what client_id says of a request that names none
     if _CLIENT_ID_NAME in headers or query_too:
         values = None  # client_id reads them from the raw list, where a name may repeat
@@ -195,9 +192,7 @@ def serve(
             return _refuse(scope, send, e, {})
     if not quotas.active:
         return app(scope, receive, send)
-    # The body's declared size (isdecimal: latin-1's "²" is a digit to isdigit, not to int).
-    length = headers.get("content-length", "")
-    declared = int(length) if length.isdecimal() and len(length) < 20 else None
+    declared = _declared(headers)
     user = quota_user(scope)
     if is_ws:
         return _websocket(quotas, user, client, scope, receive, send, app)
@@ -255,13 +250,25 @@ def serve_known(
     its caller owes a wait). Only what varies between a caller's requests is looked at."""
     if meter is None:
         return app(scope, receive, send)
-    declared = 0
-    if produce:
-        length = request_headers(scope).get("content-length", "")
-        if not (length.isdecimal() and len(length) < 20):
-            return None
-        declared = int(length)
+    declared = _declared(request_headers(scope)) if produce else 0
+    if declared is None:
+        return None
     return _metered(quotas, meter, scope, receive, send, app, declared)
+
+
+def asks_event_stream(headers: dict[str, str], raw: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request (its decoded ``headers``, its ``raw`` list) asks for an event
+    stream, which may name its client id in the query."""
+    return "accept" in headers and any(
+        k == b"accept" and b"text/event-stream" in v.lower() for k, v in raw
+    )
+
+
+def _declared(headers: dict[str, str]) -> int | None:
+    """The body's declared size, None when not declared (isdecimal: latin-1's "²" is a
+    digit to isdigit, not to int)."""
+    length = headers.get("content-length", "")
+    return int(length) if length.isdecimal() and len(length) < 20 else None
 
 
 async def _refuse(scope: Scope, send: Send, error: LogbusError, headers: dict[str, str]) -> None:
