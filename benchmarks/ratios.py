@@ -82,6 +82,12 @@ def print_table(ratios: Sequence[Ratio]) -> None:
         )
 
 
+def plotted(ratios: Sequence[Ratio]) -> list[Ratio]:
+    """What :func:`plot` draws: measured figures with a target (one without has no achieved ÷
+    target to draw)."""
+    return [r for r in ratios if r.rounds and r.target is not None]
+
+
 def plot(ratios: Sequence[Ratio], path: Path, title: str) -> None:
     """Each ratio as achieved / target (target / achieved where lower is better); green
     meets the target."""
@@ -90,7 +96,7 @@ def plot(ratios: Sequence[Ratio], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [r for r in ratios if r.rounds and r.target is not None]  # figures with a target
+    shown = plotted(ratios)
     scores = [r.target / r.value if r.lower_is_better else r.value / r.target for r in shown]
     fig, ax = plt.subplots(figsize=(11, 0.55 * len(shown) + 1.5))
     ax.barh(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from benchmarks import per_request, request_cost
-from benchmarks.ratios import Ratio, alternate, plot, print_table
+from benchmarks.ratios import Ratio, alternate, plotted, print_table
 
 
 def test_a_ratio_is_the_median_of_its_rounds_against_its_target(
@@ -32,12 +32,12 @@ def test_a_ratio_is_the_median_of_its_rounds_against_its_target(
     assert "none" in line and "MISSED" not in line and "met" not in line
 
 
-def test_the_plot_leaves_out_a_figure_without_a_target(tmp_path: Path) -> None:
-    """A figure shown without a target has no achieved ÷ target to draw (dividing by None
-    would raise): the plot draws the others."""
-    path = tmp_path / "ratios.png"
-    plot([Ratio("with", 0.5, [0.6]), Ratio("without", None, [0.4])], path, "t")
-    assert path.stat().st_size > 0
+def test_the_plot_leaves_out_a_figure_without_a_target() -> None:
+    """A figure shown without a target has no achieved ÷ target to draw: the plot draws the
+    measured figures that have one (matplotlib is a benchmark dependency, not a test one)."""
+    with_target = Ratio("with", 0.5, [0.6])
+    unmeasured = Ratio("never measured", 0.5)
+    assert plotted([with_target, Ratio("without", None, [0.4]), unmeasured]) == [with_target]
     assert alternate(4) == [(0, True), (1, False), (2, True), (3, False)]
 
 
